@@ -1,0 +1,208 @@
+// basics.cpp — torch-facing functions of the CUDA-basics family, and their CPU versions.
+//
+// Every function writes into an `out` tensor the caller allocated (the lab poisons it with NaN before a check, so
+// an element the kernel forgot to write fails the check). version: 0 = the C++ CPU code (CPU tensors),
+// 1.. = the CUDA versions in cuda_src/basics.cu (CUDA tensors).
+#include "lab_common.h"
+
+#ifdef LAB_WITH_CUDA
+#define LAB_DECLARE(T)                                                                                   \
+  cudaError_t basics_square(int, const T*, T*, int64_t, cudaStream_t);                                   \
+  cudaError_t basics_vector_add(int, const T*, const T*, T*, int64_t, cudaStream_t);                     \
+  cudaError_t basics_stencil_1d(int, const T*, T*, int64_t, cudaStream_t);                               \
+  cudaError_t basics_matmul(int, const T*, const T*, T*, int, int, int, cudaStream_t);
+LAB_DECLARE(float)
+LAB_DECLARE(double)
+#undef LAB_DECLARE
+#endif
+
+namespace {
+
+constexpr int kRadius = 3;
+constexpr int64_t kGrain = 1 << 15;  // elements per parallel_for task: big enough to amortise the task hand-off
+
+// The version must match the device: 0 runs on CPU tensors, 1..max_version on CUDA tensors.
+void check_version(const at::Tensor& x, const char* name, int64_t version, int64_t max_version, const char* op) {
+  if (x.is_cuda()) {
+    TORCH_CHECK_VALUE(version >= 1 && version <= max_version, op, ": CUDA versions are 1..", max_version, ", got ",
+                      version);
+  } else {
+    TORCH_CHECK_VALUE(x.device().is_cpu(), op, ": ", name, " must be on cpu or cuda, got ", x.device().str());
+    TORCH_CHECK_VALUE(version == 0, op, ": version ", version, " is a CUDA kernel but ", name,
+                      " is on the CPU (use version 0, the C++ CPU code)");
+  }
+}
+
+void check_float(const at::Tensor& t, const char* name) {
+  lab::check_dtype(t, name, {at::kFloat, at::kDouble});
+  lab::check_contiguous(t, name);
+}
+
+// ---- CPU versions -------------------------------------------------------------------------------------------
+template <class T>
+void square_cpu(const T* x, T* y, int64_t n) {
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) y[i] = x[i] * x[i];  // vectorised by the compiler at -O3
+  });
+}
+
+template <class T>
+void add_cpu(const T* a, const T* b, T* c, int64_t n) {
+  at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) c[i] = a[i] + b[i];
+  });
+}
+
+template <class T>
+void stencil_cpu(const T* x, T* y, int64_t n) {
+  at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      T s = 0;
+      for (int j = -kRadius; j <= kRadius; ++j) {
+        int64_t k = i + j;
+        if (k >= 0 && k < n) s += x[k];
+      }
+      y[i] = s;
+    }
+  });
+}
+
+// C = A @ B, row-major. Rows are split across threads; inside, an i-k-j order streams rows of B and C so the
+// inner loop is a contiguous axpy the compiler vectorises; K is blocked so a slab of B stays in cache while a
+// thread's rows are swept over it (kc=256 rows of B x 512 columns x 4 B = 512 KB, about one L2).
+template <class T>
+void matmul_cpu(const T* A, const T* B, T* C, int64_t M, int64_t N, int64_t K) {
+  constexpr int64_t kc = 256, nc = 512;
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * N + j] = 0;
+    for (int64_t j0 = 0; j0 < N; j0 += nc) {
+      const int64_t j1 = std::min(N, j0 + nc);
+      for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t k1 = std::min(K, k0 + kc);
+        for (int64_t i = r0; i < r1; ++i) {
+          T* c = C + i * N;
+          for (int64_t k = k0; k < k1; ++k) {
+            const T a = A[i * K + k];
+            const T* b = B + k * N;
+            for (int64_t j = j0; j < j1; ++j) c[j] += a * b[j];
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// ---- torch-facing functions ---------------------------------------------------------------------------------
+at::Tensor square(const at::Tensor& x, at::Tensor out, int64_t version) {
+  check_float(x, "x");
+  lab::check_out(out, "out", x, x.sizes(), "like x");
+  check_version(x, "x", version, 2, "square");
+  const int64_t n = x.numel();
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "square", [&] {
+    if (x.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+      c10::cuda::CUDAGuard guard(x.device());
+      LAB_CUDA_CHECK(basics_square(int(version), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n, LAB_STREAM()),
+                     "square kernel");
+#else
+      LAB_NO_CUDA_BUILD("square");
+#endif
+    } else {
+      square_cpu(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n);
+    }
+  });
+  return out;
+}
+
+at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b, at::Tensor out, int64_t version) {
+  check_float(a, "a");
+  check_float(b, "b");
+  lab::check_same_dtype(b, "b", a, "a");
+  lab::check_same_device(b, "b", a, "a");
+  TORCH_CHECK_VALUE(a.sizes() == b.sizes(), "b must have the same shape as a = ", lab::shape_str(a.sizes()),
+                    ", got ", lab::shape_str(b.sizes()), " (vector_add does not broadcast)");
+  lab::check_out(out, "out", a, a.sizes(), "like a");
+  check_version(a, "a", version, 2, "vector_add");
+  const int64_t n = a.numel();
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "vector_add", [&] {
+    if (a.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+      c10::cuda::CUDAGuard guard(a.device());
+      LAB_CUDA_CHECK(basics_vector_add(int(version), a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(),
+                                       out.data_ptr<scalar_t>(), n, LAB_STREAM()),
+                     "vector_add kernel");
+#else
+      LAB_NO_CUDA_BUILD("vector_add");
+#endif
+    } else {
+      add_cpu(a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n);
+    }
+  });
+  return out;
+}
+
+at::Tensor stencil_1d(const at::Tensor& x, at::Tensor out, int64_t version) {
+  check_float(x, "x");
+  lab::check_dim(x, "x", 1, "(n,)");
+  lab::check_out(out, "out", x, x.sizes(), "(n,)");
+  check_version(x, "x", version, 2, "stencil_1d");
+  const int64_t n = x.numel();
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "stencil_1d", [&] {
+    if (x.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+      c10::cuda::CUDAGuard guard(x.device());
+      LAB_CUDA_CHECK(basics_stencil_1d(int(version), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n,
+                                       LAB_STREAM()),
+                     "stencil_1d kernel");
+#else
+      LAB_NO_CUDA_BUILD("stencil_1d");
+#endif
+    } else {
+      stencil_cpu(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n);
+    }
+  });
+  return out;
+}
+
+at::Tensor matmul(const at::Tensor& A, const at::Tensor& B, at::Tensor out, int64_t version) {
+  check_float(A, "A");
+  check_float(B, "B");
+  lab::check_dim(A, "A", 2, "(M, K)");
+  lab::check_dim(B, "B", 2, "(K, N)");
+  lab::check_same_dtype(B, "B", A, "A");
+  lab::check_same_device(B, "B", A, "A");
+  TORCH_CHECK_VALUE(B.size(0) == A.size(1), "B must have shape (K, N) with K = A.size(1) = ", A.size(1), ", got ",
+                    lab::shape_str(B.sizes()));
+  const int64_t M = A.size(0), K = A.size(1), N = B.size(1);
+  lab::check_out(out, "out", A, {M, N}, "(M, N)");
+  check_version(A, "A", version, 2, "matmul");
+  AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "matmul", [&] {
+    if (A.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+      c10::cuda::CUDAGuard guard(A.device());
+      const int m = lab::check_int32(M, "M"), n = lab::check_int32(N, "N"), k = lab::check_int32(K, "K");
+      TORCH_CHECK_VALUE(lab::ceil_div(M, 32) <= 65535, "matmul: M = ", M, " needs more than 65535 block rows");
+      LAB_CUDA_CHECK(basics_matmul(int(version), A.data_ptr<scalar_t>(), B.data_ptr<scalar_t>(),
+                                   out.data_ptr<scalar_t>(), m, n, k, LAB_STREAM()),
+                     "matmul kernel");
+#else
+      LAB_NO_CUDA_BUILD("matmul");
+#endif
+    } else {
+      matmul_cpu(A.data_ptr<scalar_t>(), B.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), M, N, K);
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "CUDA basics: square, vector_add, stencil_1d (radius 3), matmul; version 0 = C++ CPU code";
+  m.def("square", torch::wrap_pybind_function(square), "square(x, out, version) -> out = x * x");
+  m.def("vector_add", torch::wrap_pybind_function(vector_add), "vector_add(a, b, out, version) -> out = a + b");
+  m.def("stencil_1d", torch::wrap_pybind_function(stencil_1d),
+        "stencil_1d(x, out, version) -> out[i] = sum of x[i-3..i+3], zeros outside");
+  m.def("matmul", torch::wrap_pybind_function(matmul), "matmul(A, B, out, version) -> out = A @ B");
+}

@@ -1,0 +1,76 @@
+"""Where things live and what machine we are on.
+
+Everything that records a number (results table, ceilings, build times) stamps it with `machine()`, so a row
+always says which GPU, which torch and which commit produced it.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CUDA_SRC = ROOT / "cuda_src"
+CPP_SRC = ROOT / "cpp_src"
+RESULTS = Path(os.environ.get("LAB_RESULTS_DIR", ROOT / "results"))
+
+
+def cache_dir() -> Path:
+    """Build cache root: $LAB_CACHE_DIR, else $XDG_CACHE_HOME/kernel-lab, else ~/.cache/kernel-lab."""
+    if "LAB_CACHE_DIR" in os.environ:
+        return Path(os.environ["LAB_CACHE_DIR"])
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "kernel-lab"
+
+
+def has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if has_gpu() else "cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def git_commit() -> str:
+    """Short commit of the working tree, with '+dirty' when sources differ from it; 'unknown' outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+        if not sha:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "lab", "cuda_src", "cpp_src"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def machine(device: str = "cuda" if torch.cuda.is_available() else "cpu") -> dict:
+    """The stamp every recorded number carries."""
+    info = {
+        "device": torch.device(device).type,
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "commit": git_commit(),
+    }
+    if info["device"] == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(sm_count=p.multi_processor_count, capability=f"{p.major}.{p.minor}",
+                    l2_bytes=getattr(p, "L2_cache_size", 0), mem_bytes=p.total_memory)
+    else:
+        info.update(cpu_threads=torch.get_num_threads())
+    return info
