@@ -14,6 +14,7 @@
 LAB_DECLARE(float)
 LAB_DECLARE(double)
 #undef LAB_DECLARE
+cudaError_t basics_fma_peak(float* out, int blocks, int threads, int iters, cudaStream_t s);
 #endif
 
 namespace {
@@ -198,6 +199,26 @@ at::Tensor matmul(const at::Tensor& A, const at::Tensor& B, at::Tensor out, int6
   return out;
 }
 
+// FP32 FMA throughput probe: out has one float per thread (blocks * threads); returns out.
+at::Tensor fma_peak(at::Tensor out, int64_t blocks, int64_t threads, int64_t iters) {
+  lab::check_dtype(out, "out", {at::kFloat});
+  lab::check_contiguous(out, "out");
+  TORCH_CHECK_VALUE(out.numel() == blocks * threads, "out must have blocks * threads = ", blocks * threads,
+                    " elements, got ", out.numel());
+  TORCH_CHECK_VALUE(threads >= 32 && threads <= 1024 && threads % 32 == 0, "threads must be a multiple of 32 in "
+                    "[32, 1024], got ", threads);
+  TORCH_CHECK_VALUE(out.is_cuda(), "fma_peak: out must be a CUDA tensor, got ", out.device().str());
+#ifdef LAB_WITH_CUDA
+  c10::cuda::CUDAGuard guard(out.device());
+  LAB_CUDA_CHECK(basics_fma_peak(out.data_ptr<float>(), lab::check_int32(blocks, "blocks"), int(threads),
+                                 lab::check_int32(iters, "iters"), LAB_STREAM()),
+                 "fma_peak kernel");
+#else
+  LAB_NO_CUDA_BUILD("fma_peak");
+#endif
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "CUDA basics: square, vector_add, stencil_1d (radius 3), matmul; version 0 = C++ CPU code";
   m.def("square", torch::wrap_pybind_function(square), "square(x, out, version) -> out = x * x");
@@ -205,4 +226,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stencil_1d", torch::wrap_pybind_function(stencil_1d),
         "stencil_1d(x, out, version) -> out[i] = sum of x[i-3..i+3], zeros outside");
   m.def("matmul", torch::wrap_pybind_function(matmul), "matmul(A, B, out, version) -> out = A @ B");
+  m.def("fma_peak", torch::wrap_pybind_function(fma_peak), "fma_peak(out, blocks, threads, iters): FP32 FMA probe");
 }

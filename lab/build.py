@@ -47,20 +47,6 @@ CPP_FLAGS = ["-O3"]
 CUDA_FLAGS = ["-O3", "-lineinfo", "--use_fast_math"]
 
 
-def _set_cuda_home() -> None:
-    """torch finds CUDA_HOME as dirname(dirname(which nvcc)) without resolving links: /usr/local/bin/nvcc -> a
-    CUDA_HOME of /usr/local with no CUDA headers. Point it at the real toolkit before cpp_extension is imported."""
-    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
-        return
-    nvcc = shutil.which("nvcc")
-    candidates = ([Path(nvcc).resolve().parent.parent] if nvcc else []) + [Path("/usr/local/cuda")]
-    for home in candidates:  # a wrapper script on PATH is not the toolkit: look for its headers
-        if (home / "include" / "cuda_runtime.h").exists():
-            os.environ["CUDA_HOME"] = str(home)
-            return
-
-
-_set_cuda_home()
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 _loaded: dict[tuple[str, str], tuple[str, types.ModuleType]] = {}  # (family, flavor) -> (key, module)
 _lock = threading.Lock()
@@ -308,6 +294,8 @@ def _compile(s: Spec, verbose: bool) -> None:
         # torch builds only when its in-process versioner sees a change, and renames the module (name_v1, ...) when
         # it does, which changes -DTORCH_EXTENSION_NAME and recompiles everything. Forget the entry: our key decides.
         cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(s.module_name, None)
+        if s.flavor == "cuda" and os.environ.get("CUDA_HOME") and cpp_extension.CUDA_HOME != os.environ["CUDA_HOME"]:
+            cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"]  # imported before env.py could point it at the toolkit
         _install_build_only_hook(cpp_extension)
         cpp = [_line_directive(p) for p in s.sources if p.suffix == ".cpp"]
         cu = [_line_directive(p) for p in s.sources if p.suffix == ".cu"]
@@ -420,3 +408,69 @@ def build_all(families: list[str], flavor: str | None = None, jobs: int | None =
         except BuildError as e:
             out[f] = e
     return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Build-time figures (results/build_times.csv)
+# --------------------------------------------------------------------------------------------------------------
+BUILD_TIME_COLUMNS = ["family", "flavor", "event", "seconds", "device_name", "cpus", "torch", "commit", "timestamp"]
+
+_PROBE = r"""
+import json, sys, time
+from pathlib import Path
+family, flavor, edit = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+import lab.build as b
+t0 = time.perf_counter(); b.load(family, flavor, verbose=False); rec = {"load": time.perf_counter() - t0}
+if edit:
+    # a one-line edit of the kernel file, then of a shared header, each followed by a reload in this process
+    for event, path in (("edit_source_same_process",
+                         b.env.CUDA_SRC / f"{family}.cu" if flavor == "cuda" else b.env.CPP_SRC / f"{family}.cpp"),
+                        ("edit_header_same_process",
+                         b.env.CUDA_SRC / "lab_cuda.cuh" if flavor == "cuda" else b.env.CPP_SRC / "lab_common.h")):
+        path.write_text(path.read_text() + "\n// edited by lab.build.measure_times\n")
+        t0 = time.perf_counter(); b.load(family, flavor, verbose=False); rec[event] = time.perf_counter() - t0
+print("LAB_TIMES " + json.dumps(rec))
+"""
+
+
+def measure_times(family: str = "basics", flavor: str | None = None, record: bool = True,
+                  verbose: bool = True) -> list[dict]:
+    """Cold build, warm start in a new process, and edit-to-rerun in the same process, on a scratch copy of the
+    sources and an empty cache (the repository's cache and files are untouched)."""
+    import subprocess
+    import tempfile
+    flavor = flavor or default_flavor()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="lab-buildtimes-") as tmp:
+        src = Path(tmp) / "src"
+        shutil.copytree(env.CPP_SRC, src / "cpp_src")
+        shutil.copytree(env.CUDA_SRC, src / "cuda_src")
+        penv = {**os.environ, "LAB_CACHE_DIR": str(Path(tmp) / "cache"), "LAB_SRC_ROOT": str(src),
+                "PYTHONPATH": os.pathsep.join([str(env.ROOT), os.environ.get("PYTHONPATH", "")])}
+
+        def probe(edit: bool) -> dict:
+            r = subprocess.run([sys.executable, "-c", _PROBE, family, flavor, "1" if edit else "0"], env=penv,
+                               capture_output=True, text=True)
+            line = [ln for ln in r.stdout.splitlines() if ln.startswith("LAB_TIMES ")]
+            if r.returncode or not line:
+                raise BuildError(family, f"build-time probe failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+            return json.loads(line[0][len("LAB_TIMES "):])
+
+        if verbose:
+            print(f"[lab] timing builds of {family} ({flavor}): cold, edits, warm start ...", flush=True)
+        first = probe(edit=True)
+        second = probe(edit=False)
+        events = {"cold_build": first["load"], "edit_source_same_process": first["edit_source_same_process"],
+                  "edit_header_same_process": first["edit_header_same_process"],
+                  "warm_start_new_process": second["load"]}
+    m = env.machine()
+    for event, sec in events.items():
+        rows.append({"family": family, "flavor": flavor, "event": event, "seconds": round(sec, 3),
+                     "device_name": m["device_name"], "cpus": os.cpu_count(), "torch": m["torch"],
+                     "commit": m["commit"], "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        if verbose:
+            print(f"[lab]   {event:<28} {sec:7.2f} s", flush=True)
+    if record:
+        from . import results
+        results.append(rows, env.RESULTS / "build_times.csv", BUILD_TIME_COLUMNS)
+    return rows

@@ -8,14 +8,34 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import shutil
 import subprocess
 from pathlib import Path
 
-import torch
+
+def _set_cuda_home() -> None:
+    """torch finds CUDA_HOME as dirname(dirname(which nvcc)) without resolving links: /usr/local/bin/nvcc -> a
+    CUDA_HOME of /usr/local with no CUDA headers. Point it at the real toolkit before cpp_extension is imported."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    candidates = ([Path(nvcc).resolve().parent.parent] if nvcc else []) + [Path("/usr/local/cuda")]
+    for home in candidates:  # a wrapper script on PATH is not the toolkit: look for its headers
+        if (home / "include" / "cuda_runtime.h").exists():
+            os.environ["CUDA_HOME"] = str(home)
+            return
+
+
+_set_cuda_home()  # before anything imports torch.utils.cpp_extension (torch.utils.benchmark does)
+
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CUDA_SRC = ROOT / "cuda_src"
-CPP_SRC = ROOT / "cpp_src"
+# Kernel sources: the repository's, unless LAB_SRC_ROOT points at another tree with cuda_src/ and cpp_src/ (the build
+# timing and hot-reload tests edit a copy there, never the repository's files).
+SRC_ROOT = Path(os.environ.get("LAB_SRC_ROOT", ROOT))
+CUDA_SRC = SRC_ROOT / "cuda_src"
+CPP_SRC = SRC_ROOT / "cpp_src"
 RESULTS = Path(os.environ.get("LAB_RESULTS_DIR", ROOT / "results"))
 
 

@@ -1,0 +1,223 @@
+"""python -m lab {list,build,check,bench,profile,plot,report} — the lab from the command line.
+
+  list                     families, ops, versions, and what runs on this machine
+  build [FAMILY ...]       compile (CUDA too when a GPU or TORCH_CUDA_ARCH_LIST is present)
+  check [FAMILY ...]       verify every version against the float64 PyTorch reference
+  bench [FAMILY ...]       time versions and baselines; append to results/results.csv
+  profile FAMILY           torch.profiler tables and Chrome traces of each version of each op
+  plot                     redraw results/plots/ from the results table
+  report [FAMILY ...]      the main job: build, check, bench, profile, plot every family the machine can run
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from . import bench, build, env, plot, registry, verify
+from .verify import dtype_name
+
+DTYPES = {"f": torch.float32, "float32": torch.float32, "d": torch.float64, "float64": torch.float64,
+          "h": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def _families(names: list[str]) -> list[registry.Family]:
+    return [registry.get(n) for n in names] if names else registry.families()
+
+
+def _devices(args) -> list[torch.device]:
+    if args.device == "all":
+        return [torch.device("cpu")] + ([torch.device("cuda")] if env.has_gpu() else [])
+    if args.device == "cuda" and not env.has_gpu():
+        sys.exit("no GPU is visible (torch.cuda.is_available() is False); use --device cpu")
+    return [torch.device(args.device or env.default_device())]
+
+
+def _dtypes(args):
+    if not args.dtype:
+        return None
+    try:
+        return [DTYPES[d] for d in args.dtype.split(",")]
+    except KeyError as e:
+        sys.exit(f"unknown dtype {e.args[0]!r}; choose from {', '.join(DTYPES)}")
+
+
+def _shapes(args, op):
+    """--size n=1000,M=64 ... (repeatable) overrides the op's shapes; unknown keys are an error."""
+    if not args.size:
+        return None
+    keys = set(op.check_shapes[0]) if op.check_shapes else set()
+    out = []
+    for spec in args.size:
+        d = {}
+        for kv in spec.split(","):
+            k, _, v = kv.partition("=")
+            if k not in keys:
+                sys.exit(f"--size: {op.family}.{op.name} has shape keys {sorted(keys)}, got {k!r}")
+            d[k] = int(v)
+        out.append({**op.bench_shapes[0], **d} if op.bench_shapes else d)
+    return out
+
+
+def _ops(fam, args):
+    return [fam.op(args.op)] if args.op else fam.ops
+
+
+def cmd_list(args) -> int:
+    gpu = env.has_gpu()
+    print(f"machine: {env.device_name(env.default_device())}, torch {torch.__version__}, "
+          f"CUDA {torch.version.cuda or 'none'}, GPU {'yes' if gpu else 'no'}\n")
+    for fam in _families(args.families):
+        print(f"{fam.name}: {fam.title}")
+        for op in fam.ops:
+            vs = []
+            for v in op.versions:
+                runnable = v.device in ("any", "cpu") or gpu
+                vs.append(v.name + ("" if runnable else "*"))
+            print(f"  {op.name:<16} {' '.join(vs)}")
+        for name in fam.extras:
+            print(f"  extra: {name}")
+    if not gpu:
+        print("\n* needs a GPU: skipped on this machine")
+    return 0
+
+
+def cmd_build(args) -> int:
+    flavor = "cuda" if (env.has_gpu() or args.cuda) else "cpu"
+    names = [f.name for f in _families(args.families)]
+    t0 = time.perf_counter()
+    res = build.build_all(names, flavor)
+    bad = {f: r for f, r in res.items() if isinstance(r, build.BuildError)}
+    for f, e in bad.items():
+        print(f"\n{e}\n", file=sys.stderr)
+    print(f"[lab] {len(names) - len(bad)}/{len(names)} families built ({flavor}) in {time.perf_counter() - t0:.1f} s")
+    return 1 if bad else 0
+
+
+def cmd_check(args) -> int:
+    failed = total = 0
+    for dev in _devices(args):
+        for fam in _families(args.families):
+            print(f"[lab] check {fam.name} on {dev.type}", flush=True)
+            for op in _ops(fam, args):
+                rs = verify.check_op(op, dev, _dtypes(args), args.version, _shapes(args, op),
+                                     seeds=range(args.seeds), progress=args.verbose)
+                total += len(rs)
+                failed += sum(not r.passed for r in rs)
+                if not args.verbose:
+                    ok = sum(r.passed for r in rs)
+                    worst = max(rs, key=lambda r: r.rel_err / r.tol, default=None)
+                    w = f"; worst {worst.version} {worst.dtype} {worst.shape}: rel {worst.rel_err:.1e} " \
+                        f"(tol {worst.tol:.0e})" if worst else ""
+                    print(f"  {op.name:<16} {ok}/{len(rs)} passed{w}", flush=True)
+    print(f"[lab] check: {total - failed}/{total} passed")
+    return 1 if failed else 0
+
+
+def cmd_bench(args) -> int:
+    dev = _devices(args)[0]
+    for fam in _families(args.families):
+        if fam.needs_gpu and dev.type != "cuda":
+            print(f"[lab] skip {fam.name}: its benchmarks need a GPU")
+            continue
+        for op in _ops(fam, args):
+            rows = bench.bench_op(op, dev, _dtypes(args), args.version, _shapes(args, op), record=not args.dry)
+            if rows:
+                for dt in sorted({r["dtype"] for r in rows}):
+                    sel = [r for r in rows if r["dtype"] == dt]
+                    print(bench.compare_table(sel))
+                    print(bench.summary_table(sel) + "\n")
+        if not args.op:
+            for name, fn in fam.extras.items():
+                if args.extra and name not in args.extra:
+                    continue
+                print(f"[lab] {fam.name} extra: {name}", flush=True)
+                rows = fn(dev, record=not args.dry)
+                if rows:
+                    print(bench.summary_table(rows) + "\n")
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from . import profile
+    dev = _devices(args)[0]
+    for fam in _families(args.families):
+        for op in _ops(fam, args):
+            dtypes = _dtypes(args) or op.dtypes[:1]
+            shape = (_shapes(args, op) or op.shapes_for(dev))
+            shape = shape[len(shape) // 2]
+            for dt in dtypes:
+                inputs = op.make_inputs(shape, dt, dev, torch.Generator().manual_seed(0))
+                for v in op.versions_for(dev, dt, args.version):
+                    call = bench._timed_call(v, inputs)
+                    name = f"{fam.name}_{op.name}_{v.name}_{dtype_name(dt)}_{dev.type}".replace(".", "-")
+                    table, trace = profile.profile(call, name, dev.type)
+                    print(f"== {fam.name}.{op.name} {v.name} {dtype_name(dt)} {registry.shape_label(shape)}\n{table}")
+                    print(f"   trace: {trace}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    paths = plot.plot_all()
+    for p in paths:
+        print(p.relative_to(env.ROOT) if p.is_relative_to(env.ROOT) else p)
+    print(f"[lab] {len(paths)} figures")
+    return 0
+
+
+def cmd_report(args) -> int:
+    """The main job. Builds everything first (in parallel), then per family: check, bench, plot."""
+    from . import report
+    return report.run(args)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def common(sp, device_default=None):
+        sp.add_argument("families", nargs="*", help="family names (default: all)")
+        sp.add_argument("--op", help="one op of the family")
+        sp.add_argument("--version", action="append", help="only these versions (repeatable)")
+        sp.add_argument("--dtype", help="comma-separated: f,d,h,bf16 or float32,...")
+        sp.add_argument("--size", action="append", help="shape override, e.g. n=1000 or M=64,N=64,K=64")
+        sp.add_argument("--device", choices=["cpu", "cuda", "all"], default=device_default)
+
+    sp = sub.add_parser("list", help="families, ops, versions")
+    sp.add_argument("families", nargs="*")
+    sp = sub.add_parser("build", help="compile families")
+    sp.add_argument("families", nargs="*")
+    sp.add_argument("--cuda", action="store_true", help="build CUDA sources without a GPU (needs TORCH_CUDA_ARCH_LIST)")
+    sp = sub.add_parser("check", help="verify against the references")
+    common(sp, "all")
+    sp.add_argument("--seeds", type=int, default=3)
+    sp.add_argument("-v", "--verbose", action="store_true")
+    sp = sub.add_parser("bench", help="time versions and baselines")
+    common(sp)
+    sp.add_argument("--extra", action="append", help="only these extra benchmarks")
+    sp.add_argument("--dry", action="store_true", help="do not append to results/results.csv")
+    sp = sub.add_parser("profile", help="profiler tables and traces")
+    common(sp)
+    sub.add_parser("plot", help="redraw figures from results/results.csv")
+    sp = sub.add_parser("report", help="build, check, bench, profile and plot everything this machine can run")
+    sp.add_argument("families", nargs="*")
+    sp.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
+    sp.add_argument("--no-bench", action="store_true")
+    args = p.parse_args(argv)
+    handler = {"list": cmd_list, "build": cmd_build, "check": cmd_check, "bench": cmd_bench,
+               "profile": cmd_profile, "plot": cmd_plot, "report": cmd_report}[args.cmd]
+    try:
+        return handler(args)
+    except build.BuildError as e:
+        print(f"\n{e}", file=sys.stderr)
+        return 2
+    except KeyError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""How fast is it? Timing that a kernel engineer would trust, and the ceilings to read the numbers against.
+
+GPU: CUDA events around each repetition, after warm-up; the L2 is flushed before each repetition (a write of twice
+its size, outside the timed region) so every run reads its inputs from HBM; the median and the 20th/80th percentiles
+of many repetitions. Optionally the function is captured once in a CUDA graph and the replays are timed: for
+launch-bound code that removes the CPU launch overhead the eager numbers include.
+CPU: `torch.utils.benchmark` (blocked_autorange), which handles threads and warm-up.
+
+Ceilings (`ceilings()`): device-to-device copy bandwidth (bytes read + bytes written), cuBLAS matrix-product rate
+per precision, and the FP32 FMA rate of a register-only kernel; measured once per GPU and torch version and cached in
+`results/ceilings.json`. Every benchmark row carries its fraction of them.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.utils.benchmark as tbench
+
+from . import env, results
+from .registry import Op, Version, shape_label
+from .verify import dtype_name
+
+
+@dataclass
+class Timing:
+    times_us: list[float] = field(repr=False)
+    mode: str                        # "events", "graph" or "cpu"
+
+    def pct(self, q: float) -> float:
+        s = sorted(self.times_us)
+        i = (len(s) - 1) * q
+        lo, hi = math.floor(i), math.ceil(i)
+        return s[lo] + (s[hi] - s[lo]) * (i - lo)
+
+    @property
+    def median_us(self) -> float:
+        return self.pct(0.5)
+
+    @property
+    def p20_us(self) -> float:
+        return self.pct(0.2)
+
+    @property
+    def p80_us(self) -> float:
+        return self.pct(0.8)
+
+    @property
+    def reps(self) -> int:
+        return len(self.times_us)
+
+    def __str__(self) -> str:
+        return f"{self.median_us:.2f} us (p20 {self.p20_us:.2f}, p80 {self.p80_us:.2f}, n={self.reps}, {self.mode})"
+
+
+_flush_buf: dict[int, torch.Tensor] = {}
+
+
+def flush_l2(device: torch.device | None = None) -> None:
+    """Evict the L2 by writing a buffer twice its size (H100: 50 MB L2 -> 100 MB written, ~40 us, untimed)."""
+    device = torch.device(device or "cuda")
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _flush_buf:
+        l2 = getattr(torch.cuda.get_device_properties(idx), "L2_cache_size", 64 << 20) or (64 << 20)
+        _flush_buf[idx] = torch.empty(2 * l2, dtype=torch.int8, device=f"cuda:{idx}")
+    _flush_buf[idx].fill_(idx + 1)
+
+
+def capture_graph(fn: Callable[[], object], warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """Capture fn() in a CUDA graph (warm-up runs on a side stream first, as capture requires)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def time_cuda(fn: Callable[[], object], *, graph: bool = False, flush: bool = True, warmup: int = 5,
+              min_reps: int = 15, max_reps: int = 400, budget_ms: float = 300.0) -> Timing:
+    """Median-of-many CUDA-event timing of fn() on the current stream."""
+    torch.cuda.synchronize()
+    for _ in range(warmup):                      # module load, lazy init, allocator warm-up, autotuning
+        fn()
+    run = capture_graph(fn).replay if graph else fn
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(3):
+        run()
+    e.record()
+    torch.cuda.synchronize()
+    est_ms = max(s.elapsed_time(e) / 3, 1e-3) + (0.05 if flush else 0.0)
+    n = int(min(max_reps, max(min_reps, budget_ms / est_ms)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        if flush:
+            flush_l2()
+        starts[i].record()
+        run()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return Timing([1000.0 * a.elapsed_time(b) for a, b in zip(starts, ends)], "graph" if graph else "events")
+
+
+def time_cpu(fn: Callable[[], object], min_run_time: float = 0.2) -> Timing:
+    """torch.utils.benchmark's blocked_autorange: per-block means, enough blocks for min_run_time seconds."""
+    m = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()).blocked_autorange(
+        min_run_time=min_run_time)
+    return Timing([t * 1e6 for t in m.times], "cpu")
+
+
+def time_fn(fn: Callable[[], object], device: torch.device | str, graph: bool = False, **kw) -> Timing:
+    if torch.device(device).type == "cuda":
+        return time_cuda(fn, graph=graph, **kw)
+    return time_cpu(fn, **{k: v for k, v in kw.items() if k == "min_run_time"})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Ceilings
+# --------------------------------------------------------------------------------------------------------------
+def _ceilings_path():
+    return env.RESULTS / "ceilings.json"
+
+
+def ceilings(device: torch.device | str | None = None, refresh: bool = False, verbose: bool = True) -> dict:
+    """Measured ceilings of this device, cached per (device name, torch version) in results/ceilings.json.
+
+    {"copy_gbps": ..., "gemm_tflops": {"float32": ..., "tf32": ..., "bfloat16": ..., "float16": ...},
+     "fma_tflops": ... (GPU only), "stamp": {...}}
+    """
+    device = torch.device(device or env.default_device())
+    key = f"{env.device_name(device)} | torch {torch.__version__}"
+    path = _ceilings_path()
+    data = json.loads(path.read_text()) if path.exists() else {}
+    if key in data and not refresh:
+        return data[key]
+    if verbose:
+        print(f"[lab] measuring ceilings of {env.device_name(device)} (once; cached in {path.name}) ...", flush=True)
+    c = _measure_ceilings(device)
+    c["stamp"] = results.stamp(device)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = c
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return c
+
+
+def ceilings_cached(device_name: str, torch_version: str) -> dict | None:
+    """Ceilings recorded for a device and torch version, without measuring (None if never measured)."""
+    path = _ceilings_path()
+    data = json.loads(path.read_text()) if path.exists() else {}
+    return data.get(f"{device_name} | torch {torch_version}")
+
+
+def _measure_ceilings(device: torch.device) -> dict:
+    gen = torch.Generator(device=device).manual_seed(0)
+    cuda = device.type == "cuda"
+    # copy: 1 GiB (GPU) / 256 MiB (CPU) of random floats, far past any cache; bytes = read + write
+    n = (256 << 20) if cuda else (64 << 20)
+    src = torch.randn(n, device=device, generator=gen)
+    dst = torch.empty_like(src)
+    t = time_fn(lambda: dst.copy_(src), device)
+    out = {"copy_gbps": 2 * src.numel() * 4 / (t.median_us * 1e-6) / 1e9}
+    del src, dst
+    gemm = {}
+    size = 8192 if cuda else 1024
+    precisions = ["float32", "tf32", "bfloat16", "float16"] if cuda else ["float32"]
+    for p in precisions:
+        dt = torch.float32 if p in ("float32", "tf32") else getattr(torch, p)
+        a = torch.randn(size, size, device=device, generator=gen).to(dt)
+        b = torch.randn(size, size, device=device, generator=gen).to(dt)
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = p == "tf32"
+        try:
+            t = time_fn(lambda: torch.mm(a, b), device, flush=False) if cuda else time_fn(lambda: torch.mm(a, b),
+                                                                                          device)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+        gemm[p] = 2 * size ** 3 / (t.median_us * 1e-6) / 1e12
+    out["gemm_tflops"] = gemm
+    out["gemm_size"] = size
+    if cuda:
+        from .kernels import basics
+        out["fma_tflops"] = basics.fma_peak_tflops(device)
+    return out
+
+
+def peak_for(ceil: dict, dtype: torch.dtype, precision: str | None) -> float | None:
+    """The matrix-product ceiling a version is held against (TF32 versions against the TF32 rate)."""
+    return ceil.get("gemm_tflops", {}).get(precision or dtype_name(dtype))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Benchmarking an op
+# --------------------------------------------------------------------------------------------------------------
+def _timed_call(v: Version, inputs: tuple) -> Callable[[], object]:
+    if v.takes_out:
+        out = v.fn(*inputs)               # allocate once; the timed calls write into it
+        return lambda: v.fn(*inputs, out=out)
+    return lambda: v.fn(*inputs)
+
+
+def bench_op(op: Op, device: torch.device | str, dtypes=None, versions=None, shapes=None, graph: bool | None = None,
+             record: bool = True, progress: bool = True, note: str = "") -> list[dict]:
+    """Time every (version, dtype, shape) of `op` on `device`, baseline included; returns (and records) rows."""
+    device = torch.device(device)
+    ceil = ceilings(device)
+    rows: list[dict] = []
+    shapes = shapes or op.shapes_for(device)
+    dtypes = [d for d in (dtypes or op.dtypes) if d in op.dtypes]
+    todo = [(d, s, v) for d in dtypes for s in shapes for v in op.versions_for(device, d, versions)]
+    if versions and op.baseline not in versions:  # speedups need the baseline timed in the same run
+        todo += [(d, s, v) for d in dtypes for s in shapes for v in op.versions_for(device, d, [op.baseline])]
+    base_us: dict[tuple, float] = {}
+    todo.sort(key=lambda t: (dtypes.index(t[0]), shapes.index(t[1]), t[2].name != op.baseline))
+    inputs_cache: dict[tuple, tuple] = {}
+    for i, (dtype, shape, v) in enumerate(todo):
+        key = (dtype, shape_label(shape))
+        if key not in inputs_cache:
+            inputs_cache.clear()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            inputs_cache[key] = op.make_inputs(shape, dtype, device, torch.Generator().manual_seed(1234))
+        inputs = inputs_cache[key]
+        modes = [False] + ([True] if device.type == "cuda" and (v.graph if graph is None else graph) else [])
+        for use_graph in modes:
+            t = time_fn(_timed_call(v, inputs), device, graph=use_graph)
+            nb = op.nbytes(shape, dtype) if op.nbytes else None
+            fl = op.flops(shape, dtype) if op.flops else None
+            sec = t.median_us * 1e-6
+            gbps = nb / sec / 1e9 if nb else None
+            tflops = fl / sec / 1e12 if fl else None
+            peak = peak_for(ceil, dtype, v.precision)
+            if v.name == op.baseline and not use_graph:
+                base_us[key] = t.median_us
+            row = {
+                "family": op.family, "op": op.name, "version": v.name, "shape": shape_label(shape),
+                "size": shape.get(op.size_key) if op.size_key else None, "dtype": dtype_name(dtype),
+                "precision": v.precision or dtype_name(dtype), "mode": t.mode,
+                "median_us": t.median_us, "p20_us": t.p20_us, "p80_us": t.p80_us, "reps": t.reps,
+                "gbps": gbps, "tflops": tflops,
+                "pct_copy_bw": 100 * gbps / ceil["copy_gbps"] if gbps else None,
+                "pct_peak": 100 * tflops / peak if tflops and peak else None,
+                "baseline": op.baseline, "speedup": base_us[key] / t.median_us if key in base_us else None,
+                "note": note, **results.stamp(device),
+            }
+            rows.append(row)
+            if progress:
+                extra = f"  {gbps:7.1f} GB/s" if gbps else ""
+                extra += f"  {tflops:6.2f} TFLOP/s" if tflops else ""
+                print(f"[lab] ({i + 1}/{len(todo)}) {op.family}.{op.name} {v.name:<14} {dtype_name(dtype):<8} "
+                      f"{shape_label(shape):<24} {t.median_us:10.2f} us ({t.mode}){extra}", flush=True)
+    if record and rows:
+        results.append(rows)
+    return rows
+
+
+def compare_table(rows: list[dict], title: str = "") -> str:
+    """A torch.utils.benchmark.Compare table: shapes as rows, versions (and graph replays) as columns."""
+    from torch.utils.benchmark.utils.common import Measurement, TaskSpec
+    ms = []
+    for r in rows:
+        col = r["version"] + (" (graph)" if r["mode"] == "graph" else "")
+        spec = TaskSpec(stmt=f"{r['op']}", setup="", label=title or f"{r['family']}.{r['op']} {r['dtype']} "
+                        f"on {r['device_name']}", sub_label=r["shape"], description=col,
+                        env=r["dtype"], num_threads=1)
+        # Compare shows the median of raw times; the row carries the median, so one raw time per row suffices
+        ms.append(Measurement(number_per_run=1, raw_times=[r["median_us"] * 1e-6], task_spec=spec))
+    cmp = tbench.Compare(ms)
+    cmp.trim_significant_figures()
+    return str(cmp)
+
+
+def summary_table(rows: list[dict]) -> str:
+    """Plain-text table of the rows with rate columns (what Compare cannot show)."""
+    lines = [f"{'op':<14} {'version':<16} {'dtype':<8} {'shape':<26} {'median us':>10} {'GB/s':>8} {'%copy':>6} "
+             f"{'TFLOP/s':>8} {'%peak':>6} {'speedup':>8}"]
+    for r in rows:
+        col = r["version"] + (" (graph)" if r["mode"] == "graph" else "")
+        f = lambda x, fmt: (fmt % x) if x is not None else "-"
+        lines.append(f"{r['op']:<14} {col:<16} {r['dtype']:<8} {r['shape']:<26} {r['median_us']:>10.2f} "
+                     f"{f(r['gbps'], '%8.1f'):>8} {f(r['pct_copy_bw'], '%5.1f'):>6} {f(r['tflops'], '%8.2f'):>8} "
+                     f"{f(r['pct_peak'], '%5.1f'):>6} {f(r['speedup'], '%7.2fx'):>8}")
+    return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""Figures drawn from the results table, never by hand: `python -m lab plot` redraws them all.
+
+Per op: time against size (one line per version), speedup over the baseline at the largest size, and a roofline
+(achieved TFLOP/s against arithmetic intensity, under the measured copy-bandwidth and matrix-rate ceilings).
+Each figure says which GPU, which run and which formula its rates come from.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from . import env, results  # noqa: E402
+from .registry import Op  # noqa: E402
+
+
+def _style_key(r: dict) -> str:
+    return r["version"] + (" (graph)" if r["mode"] == "graph" else "")
+
+
+def _rows_for(op: Op, device_name: str | None, dtype: str | None) -> list[dict]:
+    rows = results.latest(results.read(family=op.family, op=op.name))
+    if device_name:
+        rows = [r for r in rows if r["device_name"] == device_name]
+    elif rows:  # default: the device of the newest row
+        newest = max(rows, key=lambda r: r["timestamp"] or "")
+        rows = [r for r in rows if r["device_name"] == newest["device_name"]]
+    if dtype:
+        rows = [r for r in rows if r["dtype"] == dtype]
+    return rows
+
+
+def _footer(fig, rows: list[dict], formula: str) -> None:
+    r = max(rows, key=lambda r: r["timestamp"] or "")
+    text = f"{r['device_name']} · torch {r['torch']} · CUDA {r['cuda']} · commit {r['commit']} · {r['timestamp']}"
+    if formula:
+        text = formula + "\n" + text
+    fig.text(0.01, 0.01, text, fontsize=7, color="0.35", va="bottom")
+
+
+def _save(fig, name: str) -> Path:
+    out = env.RESULTS / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.png"
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def time_vs_size(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
+    rows = [r for r in _rows_for(op, device_name, dtype) if r["size"] is not None]
+    if len({r["size"] for r in rows}) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    for key in sorted({_style_key(r) for r in rows}):
+        pts = sorted((r["size"], r["median_us"], r["p20_us"], r["p80_us"]) for r in rows if _style_key(r) == key)
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        ls = "--" if any(r["version"] == op.baseline for r in rows if _style_key(r) == key) or "torch" in key else "-"
+        ax.plot(xs, ys, ls, marker="o", ms=3, label=key)
+        ax.fill_between(xs, [p[2] for p in pts], [p[3] for p in pts], alpha=0.15)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(op.size_key)
+    ax.set_ylabel("median time (us), band = p20..p80")
+    ax.set_title(f"{op.family}.{op.name} ({dtype}): time against {op.size_key}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.subplots_adjust(bottom=0.2)
+    _footer(fig, rows, op.formula)
+    return _save(fig, f"{op.family}_{op.name}_{dtype}_time")
+
+
+def speedup_bars(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
+    rows = [r for r in _rows_for(op, device_name, dtype) if r["speedup"] is not None]
+    if not rows:
+        return None
+    # the largest shape that has the most versions timed
+    by_shape: dict[str, list[dict]] = {}
+    for r in rows:
+        by_shape.setdefault(r["shape"], []).append(r)
+    shape = max(by_shape, key=lambda s: (len(by_shape[s]), max((r["size"] or 0) for r in by_shape[s])))
+    sel = sorted(by_shape[shape], key=lambda r: _style_key(r))
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    names = [_style_key(r) for r in sel]
+    vals = [r["speedup"] for r in sel]
+    colors = ["0.6" if r["version"] == op.baseline or r["version"].startswith("torch") else "C0" for r in sel]
+    bars = ax.bar(names, vals, color=colors)
+    for b, r in zip(bars, sel):
+        ax.annotate(f"{r['speedup']:.2f}x\n{r['median_us']:.1f} us", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=7)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylabel(f"speedup over {op.baseline} (time ratio)")
+    ax.set_title(f"{op.family}.{op.name} ({dtype}) at {shape}")
+    ax.tick_params(axis="x", rotation=30, labelsize=8)
+    fig.subplots_adjust(bottom=0.32)
+    _footer(fig, sel, op.formula)
+    return _save(fig, f"{op.family}_{op.name}_{dtype}_speedup")
+
+
+def roofline(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
+    from .bench import ceilings_cached
+    rows = [r for r in _rows_for(op, device_name, dtype) if r["tflops"] and r["gbps"]]
+    if not rows:
+        return None
+    ceil = ceilings_cached(rows[0]["device_name"], rows[0]["torch"])
+    if not ceil:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    bw = ceil["copy_gbps"] * 1e9
+    peaks = {k: v for k, v in ceil.get("gemm_tflops", {}).items()}
+    if ceil.get("fma_tflops"):
+        peaks["fp32 FMA"] = ceil["fma_tflops"]
+    ai = [r["tflops"] * 1e12 / (r["gbps"] * 1e9) for r in rows]
+    lo, hi = min(ai) / 4, max(max(ai) * 4, max(peaks.values()) * 1e12 / bw * 4)
+    import numpy as np
+    xs = np.logspace(np.log10(lo), np.log10(hi), 200)
+    for name, p in sorted(peaks.items(), key=lambda kv: kv[1]):
+        ax.plot(xs, np.minimum(p, xs * bw / 1e12), lw=0.8, alpha=0.6, label=f"{name} {p:.0f} TFLOP/s")
+    for key in sorted({_style_key(r) for r in rows}):
+        sel = [(a, r["tflops"]) for a, r in zip(ai, rows) if _style_key(r) == key]
+        ax.scatter([s[0] for s in sel], [s[1] for s in sel], s=18, label=key, zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(f"{op.family}.{op.name} ({dtype}) roofline; copy {ceil['copy_gbps']:.0f} GB/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.subplots_adjust(bottom=0.2)
+    _footer(fig, rows, op.formula)
+    return _save(fig, f"{op.family}_{op.name}_{dtype}_roofline")
+
+
+def plot_family(family, device_name: str | None = None) -> list[Path]:
+    out = []
+    for op in family.ops:
+        dtypes = sorted({r["dtype"] for r in _rows_for(op, device_name, None)})
+        for dt in dtypes:
+            for fn in (time_vs_size, speedup_bars, roofline):
+                p = fn(op, dt, device_name)
+                if p:
+                    out.append(p)
+    return out
+
+
+def plot_all(device_name: str | None = None) -> list[Path]:
+    from . import registry
+    out = []
+    for fam in registry.families():
+        out += plot_family(fam, device_name)
+    return out

@@ -1,0 +1,108 @@
+"""Where does the time go? The three ways the course material teaches, each a function.
+
+1. CUDA events (`events`): the host clock lies for asynchronous CUDA (it times the launch, not the kernel); events
+   are recorded on the stream and measure device time.
+2. `torch.autograd.profiler` (`autograd_table`): per-operator CPU and CUDA time, as a key_averages table.
+3. `torch.profiler` with a wait/warmup/active schedule (`profile`): skips the first iterations, then records a few;
+   writes a key_averages table (sorted by CUDA time) under results/profiles/ and a Chrome trace under
+   results/traces/ (open it in chrome://tracing or ui.perfetto.dev; traces are git-ignored, they are large).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, schedule
+
+from . import env
+
+
+def host_timer_ms(fn: Callable[[], object], reps: int = 10) -> float:
+    """What `time.perf_counter()` around a CUDA call measures: mostly the launch (no synchronize)."""
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
+def events(fn: Callable[[], object], reps: int = 10, warmup: int = 5) -> list[float]:
+    """Per-call device time in ms, from CUDA events around each call, after warm-up."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e))
+    return out
+
+
+def _sort_key(device: str) -> str:
+    return "cuda_time_total" if device == "cuda" else "cpu_time_total"
+
+
+def autograd_table(fn: Callable[[], object], device: str = "cuda", row_limit: int = 12, reps: int = 3) -> str:
+    """torch.autograd.profiler: key_averages table sorted by CUDA time (CPU time on a CPU machine)."""
+    fn()
+    kwargs = {"use_device": "cuda"} if device == "cuda" else {}
+    with torch.autograd.profiler.profile(**kwargs) as prof:
+        for _ in range(reps):
+            fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by=_sort_key(device), row_limit=row_limit)
+
+
+def profile(fn: Callable[[], object], name: str, device: str = "cuda", wait: int = 1, warmup: int = 1,
+            active: int = 3, row_limit: int = 15, save: bool = True) -> tuple[str, Path | None]:
+    """torch.profiler with a schedule; returns (table, trace path) and saves both under results/."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    trace_dir = env.RESULTS / "traces"
+    trace = trace_dir / f"{name}.json"
+    captured: dict[str, str] = {}
+
+    def ready(prof):
+        captured["table"] = prof.key_averages().table(sort_by=_sort_key(device), row_limit=row_limit)
+        if save:
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(trace))
+
+    with torch.profiler.profile(activities=acts, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                                on_trace_ready=ready) as p:
+        for _ in range(wait + warmup + active):
+            fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            p.step()
+    table = captured.get("table", "")
+    if save:
+        out = env.RESULTS / "profiles"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.txt").write_text(f"# {name} on {env.device_name(device)}, torch {torch.__version__}, "
+                                         f"schedule wait={wait} warmup={warmup} active={active}\n{table}\n")
+    return table, (trace if save else None)
+
+
+def op_times(fn: Callable[[], object], device: str = "cuda", reps: int = 5) -> dict[str, float]:
+    """Self device time per operator/kernel name, in microseconds per call (for 'time per operator' plots)."""
+    fn()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(reps):
+            fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None) if device == "cuda" else e.self_cpu_time_total
+        if device == "cuda" and t is None:
+            t = e.self_cuda_time_total
+        if t and t > 0:
+            out[e.key] = t / reps
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))

@@ -1,0 +1,154 @@
+"""Kernel families register themselves here, so the CLI, the tests and the notebooks find them all the same way.
+
+A family module in `lab/kernels/` builds a `Family` of `Op`s and calls `register()`. Adding a family touches no
+central list: `lab.kernels` imports every module in its folder.
+
+An Op is one function (square, vector_add, gru_forward, ...): how to make random inputs for a shape, the PyTorch
+reference, the versions (kernels and baselines), the shapes to check and to time, and the byte and FLOP formulas
+that turn a time into GB/s and TFLOP/s.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+Inputs = tuple  # positional inputs of an op, as made by Op.make_inputs
+
+
+@dataclass
+class Version:
+    """One implementation of an op, kernel or baseline.
+
+    fn(*inputs, out=None) for kernels (they write into `out` when given, so a check can poison it first);
+    fn(*inputs) for baselines (takes_out=False).
+    """
+    name: str                              # "v1", "v2", "cpu", "torch", "torch.compile", "cublas", ...
+    fn: Callable[..., Any]
+    device: str                            # "cuda", "cpu" or "any"
+    idea: str = ""                         # one line: what this version adds over the one before
+    baseline: bool = False                 # PyTorch/cuBLAS/cuDNN: timed beside the kernels, not a kernel of ours
+    takes_out: bool = True
+    precision: str | None = None           # "tf32" where a float32 version multiplies in TF32: picks the tolerance
+    dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype of the op
+    graph: bool = False                    # also time it replayed from a CUDA graph (launch-bound code)
+    check: bool = True                     # verify it (a baseline that *is* the reference need not be)
+
+    def runs_on(self, device: torch.device | str) -> bool:
+        return self.device in ("any", torch.device(device).type)
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return self.dtypes is None or dtype in self.dtypes
+
+
+@dataclass
+class Op:
+    family: str
+    name: str
+    make_inputs: Callable[[dict, torch.dtype, torch.device, torch.Generator], Inputs]
+    reference: Callable[..., Any]          # plain PyTorch; verify runs it on float64 copies of the inputs
+    versions: list[Version]
+    check_shapes: list[dict]               # small and awkward: 1, primes, non-multiples of the tile
+    bench_shapes: list[dict]               # GPU sizes (big enough to fill the chip)
+    cpu_bench_shapes: list[dict] | None = None  # CPU sizes (default: the smaller half of bench_shapes)
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    nbytes: Callable[[dict, torch.dtype], float] | None = None   # fewest bytes moved through memory
+    flops: Callable[[dict, torch.dtype], float] | None = None    # floating-point operations (an FMA is 2)
+    formula: str = ""                      # the byte/FLOP formulas in words, printed on every figure
+    size_key: str | None = None            # the shape entry plotted on the x axis of time-against-size
+    baseline: str = "torch"                # the version speedups are measured against
+    doc: str = ""
+
+    def version(self, name: str) -> Version:
+        for v in self.versions:
+            if v.name == name:
+                return v
+        raise KeyError(f"{self.family}.{self.name} has no version {name!r}; versions: "
+                       f"{', '.join(v.name for v in self.versions)}")
+
+    def versions_for(self, device, dtype=None, names=None, kernels_only=False) -> list[Version]:
+        out = []
+        for v in self.versions:
+            if not v.runs_on(device) or (dtype is not None and not v.supports(dtype)):
+                continue
+            if names and v.name not in names:
+                continue
+            if kernels_only and v.baseline:
+                continue
+            out.append(v)
+        return out
+
+    def shapes_for(self, device, kind: str = "bench") -> list[dict]:
+        if kind == "check":
+            return self.check_shapes
+        if torch.device(device).type == "cpu":
+            return self.cpu_bench_shapes or self.bench_shapes[: max(1, len(self.bench_shapes) // 2)]
+        return self.bench_shapes
+
+
+@dataclass
+class Family:
+    name: str
+    title: str
+    ops: list[Op]
+    notebook: str | None = None
+    # Extra benchmarks beyond op x version x shape (a model end to end, an optimizer step): name -> fn(device, ...)
+    # returning result rows; run by `python -m lab bench` and the report.
+    extras: dict[str, Callable[..., list[dict]]] = field(default_factory=dict)
+    needs_gpu: bool = False                # nothing to run without one (the CPU code is still tested)
+
+    def op(self, name: str) -> Op:
+        for o in self.ops:
+            if o.name == name:
+                return o
+        raise KeyError(f"family {self.name!r} has no op {name!r}; ops: {', '.join(o.name for o in self.ops)}")
+
+
+_FAMILIES: dict[str, Family] = {}
+_discovered = False
+
+
+def register(family: Family) -> Family:
+    _FAMILIES[family.name] = family
+    return family
+
+
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    from . import kernels
+    for m in sorted(pkgutil.iter_modules(kernels.__path__), key=lambda m: m.name):
+        if not m.name.startswith("_"):
+            importlib.import_module(f"{kernels.__name__}.{m.name}")
+
+
+def families() -> list[Family]:
+    _discover()
+    return sorted(_FAMILIES.values(), key=lambda f: f.name)
+
+
+def get(name: str) -> Family:
+    _discover()
+    if name not in _FAMILIES:
+        raise KeyError(f"no kernel family {name!r}; families: {', '.join(sorted(_FAMILIES))}")
+    return _FAMILIES[name]
+
+
+def version_number(version: str, tensor: torch.Tensor | None = None) -> int:
+    """'cpu' -> 0 (the C++ CPU code), 'v3' -> 3: the integer the C++ bindings take."""
+    if version == "cpu":
+        return 0
+    m = re.fullmatch(r"v(\d+)", version)
+    if not m:
+        raise ValueError(f"version must be 'cpu' or 'v<N>', got {version!r}")
+    return int(m.group(1))
+
+
+def shape_label(shape: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in shape.items())

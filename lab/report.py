@@ -1,0 +1,149 @@
+"""The main job (`python -m lab report`): everything this machine can run, into results/.
+
+1. build every family at once (CUDA + C++ with a GPU, C++ alone without one), and time the build loop;
+2. check every version against its float64 reference, on the CPU and (with a GPU) on the GPU;
+3. measure the ceilings, then bench every op and the families' extra benchmarks on the main device;
+4. profile each op (torch.profiler tables under results/profiles/, traces under results/traces/);
+5. redraw the plots; write results/SUMMARY.md.
+Progress is printed as it goes; what is skipped is said, with the reason.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import bench, build, env, plot, profile, registry, verify
+from .verify import dtype_name
+
+
+def _say(msg: str) -> None:
+    print(f"[lab] {msg}", flush=True)
+
+
+def run(args) -> int:
+    t_start = time.perf_counter()
+    gpu = env.has_gpu()
+    dev = env.default_device()
+    fams = [registry.get(n) for n in args.families] if args.families else registry.families()
+    m = env.machine()
+    _say(f"report on {m['device_name']} (torch {m['torch']}, CUDA {m['cuda']}, commit {m['commit']}); "
+         f"families: {', '.join(f.name for f in fams)}")
+    skipped: list[str] = []
+    if not gpu:
+        skipped.append("CUDA versions, GPU baselines and GPU-only benchmarks: no GPU visible "
+                       "(torch.cuda.is_available() is False); the C++ CPU versions ran instead")
+
+    # 1. build
+    _say(f"[1/5] building {len(fams)} families ({'cuda' if gpu else 'cpu'}) ...")
+    built = build.build_all([f.name for f in fams])
+    broken = {f: e for f, e in built.items() if isinstance(e, build.BuildError)}
+    for f, e in broken.items():
+        _say(f"BUILD FAILED {e}")
+        skipped.append(f"{f}: build failed ({e.summary.splitlines()[0]})")
+    fams = [f for f in fams if f.name not in broken]
+    build_rows = []
+    if not args.quick and "basics" in [f.name for f in fams]:
+        try:
+            build_rows = build.measure_times("basics")
+        except build.BuildError as e:
+            skipped.append(f"build-time figures: {e}")
+
+    # 2. check
+    _say("[2/5] checking every version against its float64 reference ...")
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if gpu else [])
+    checks: list[verify.CheckResult] = []
+    for fam in fams:
+        for d in devices:
+            for op in fam.ops:
+                rs = verify.check_op(op, d, seeds=range(2 if args.quick else 3))
+                checks += rs
+                _say(f"  check {fam.name}.{op.name} on {d.type}: {sum(r.passed for r in rs)}/{len(rs)} passed")
+    failed = [r for r in checks if not r.passed]
+
+    # 3. bench
+    rows: list[dict] = []
+    if args.no_bench:
+        skipped.append("benchmarks: --no-bench")
+    else:
+        _say("[3/5] ceilings, then benchmarks ...")
+        ceil = bench.ceilings(dev)
+        _say(f"  ceilings: copy {ceil['copy_gbps']:.0f} GB/s; GEMM " +
+             ", ".join(f"{k} {v:.1f}" for k, v in ceil['gemm_tflops'].items()) + " TFLOP/s" +
+             (f"; FP32 FMA {ceil['fma_tflops']:.1f} TFLOP/s" if ceil.get("fma_tflops") else ""))
+        for fam in fams:
+            if fam.needs_gpu and not gpu:
+                skipped.append(f"{fam.name} benchmarks: need a GPU")
+                continue
+            for op in fam.ops:
+                shapes = op.shapes_for(dev)
+                if args.quick:
+                    shapes = shapes[::2]
+                rows += bench.bench_op(op, dev, shapes=shapes)
+            for name, fn in fam.extras.items():
+                _say(f"  {fam.name} extra: {name}")
+                try:
+                    rows += fn(dev, record=True, quick=args.quick)
+                except RuntimeError as e:  # an extra that cannot run here says why, the report goes on
+                    skipped.append(f"{fam.name} extra {name}: {e}")
+
+    # 4. profile
+    _say("[4/5] profiling ...")
+    for fam in fams:
+        for op in fam.ops:
+            shapes = op.shapes_for(dev)
+            shape = shapes[len(shapes) // 2]
+            dt = op.dtypes[0]
+            inputs = op.make_inputs(shape, dt, dev, torch.Generator().manual_seed(0))
+            for v in op.versions_for(dev, dt):
+                name = f"{fam.name}_{op.name}_{v.name}_{dtype_name(dt)}_{dev.type}".replace(".", "-")
+                profile.profile(bench._timed_call(v, inputs), name, dev.type)
+
+    # 5. plots + summary
+    _say("[5/5] plots and summary ...")
+    figs = plot.plot_all(m["device_name"]) if rows else []
+    path = write_summary(fams, checks, rows, build_rows, skipped, m, time.perf_counter() - t_start)
+    _say(f"{len(checks) - len(failed)}/{len(checks)} checks passed; {len(rows)} timings; {len(figs)} figures; "
+         f"summary in {path.relative_to(env.ROOT) if path.is_relative_to(env.ROOT) else path}")
+    for s in skipped:
+        _say(f"skipped: {s}")
+    for r in failed:
+        print(r.details())
+    return 1 if failed or broken else 0
+
+
+def write_summary(fams, checks, rows, build_rows, skipped, m, seconds):
+    lines = [f"# Lab report — {m['device_name']}", "",
+             f"torch {m['torch']}, CUDA {m['cuda']}, commit {m['commit']}, {time.strftime('%Y-%m-%d %H:%M')}, "
+             f"{seconds:.0f} s.", ""]
+    if rows:
+        ceil = bench.ceilings_cached(m["device_name"], m["torch"]) or {}
+        if ceil:
+            lines += ["## Ceilings (measured here)", "",
+                      f"- device-to-device copy: {ceil['copy_gbps']:.0f} GB/s (bytes read + written)"]
+            lines += [f"- {k} matrix product ({ceil.get('gemm_size')}³): {v:.1f} TFLOP/s"
+                      for k, v in ceil["gemm_tflops"].items()]
+            if ceil.get("fma_tflops"):
+                lines.append(f"- FP32 FMA (register-only kernel): {ceil['fma_tflops']:.1f} TFLOP/s")
+            lines.append("")
+    if build_rows:
+        lines += ["## Build loop (basics)", "", "| event | seconds |", "|---|---|"]
+        lines += [f"| {r['event']} | {r['seconds']:.2f} |" for r in build_rows] + [""]
+    lines += ["## Checks", "", f"{sum(c.passed for c in checks)}/{len(checks)} passed.", "", "```"]
+    lines += [c.line() for c in checks if not c.passed] or ["(no failures)"]
+    lines += ["```", ""]
+    for fam in fams:
+        frows = [r for r in rows if r["family"] == fam.name]
+        if not frows:
+            continue
+        lines += [f"## {fam.name}: {fam.title}", ""]
+        for op in sorted({r["op"] for r in frows}, key=lambda o: [r["op"] for r in frows].index(o)):
+            for dt in sorted({r["dtype"] for r in frows if r["op"] == op}):
+                sel = [r for r in frows if r["op"] == op and r["dtype"] == dt]
+                lines += ["```", bench.summary_table(sel), "```", ""]
+    if skipped:
+        lines += ["## Skipped", ""] + [f"- {s}" for s in skipped] + [""]
+    path = env.RESULTS / ("SUMMARY.md" if m["device"] == "cuda" else "SUMMARY-cpu.md")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,100 @@
+"""The one tidy results table, `results/results.csv`: every benchmark appends rows; plots are drawn from it.
+
+Writes are atomic: the new table is written to a temporary file and renamed over the old one, under a lock, so an
+interrupted run leaves either the old table or the new one, never half a row.
+"""
+from __future__ import annotations
+
+import csv
+import fcntl
+import io
+import os
+import time
+import uuid
+from pathlib import Path
+
+from . import env
+
+COLUMNS = [
+    "family", "op", "version", "shape", "size", "dtype", "precision", "device", "device_name", "mode",
+    "median_us", "p20_us", "p80_us", "reps", "gbps", "tflops", "pct_copy_bw", "pct_peak", "baseline", "speedup",
+    "torch", "cuda", "commit", "timestamp", "run_id", "note",
+]
+NUMERIC = {"size", "median_us", "p20_us", "p80_us", "reps", "gbps", "tflops", "pct_copy_bw", "pct_peak", "speedup"}
+RUN_ID = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]  # one per process: rows of one run group
+
+
+def table_path() -> Path:
+    return env.RESULTS / "results.csv"
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def append(rows: list[dict], path: Path | None = None, columns: list[str] | None = None) -> Path:
+    """Append rows (dicts keyed by COLUMNS; missing keys stay empty, unknown keys are an error)."""
+    path = path or table_path()
+    cols = columns or COLUMNS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for r in rows:
+        extra = set(r) - set(cols)
+        if extra:
+            raise ValueError(f"unknown result columns {sorted(extra)}; columns are {cols}")
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = path.read_text() if path.exists() else ""
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, cols, lineterminator="\n")
+        if not old:
+            w.writeheader()
+        elif not old.endswith("\n"):
+            old += "\n"
+        for r in rows:
+            w.writerow({k: _fmt(r.get(k)) for k in cols})
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "w") as fh:
+            fh.write(old + buf.getvalue())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    return path
+
+
+def read(path: Path | None = None, numeric: set[str] | None = None, **where) -> list[dict]:
+    """Rows as dicts (numbers as floats, empty as None), optionally filtered: read(family='basics', device='cuda')."""
+    path = path or table_path()
+    if not path.exists():
+        return []
+    out = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            row = {}
+            for k, v in r.items():
+                if k in (NUMERIC if numeric is None else numeric):
+                    row[k] = float(v) if v not in ("", None) else None
+                else:
+                    row[k] = v if v != "" else None
+            if all(str(row.get(k)) == str(v) for k, v in where.items()):
+                out.append(row)
+    return out
+
+
+def latest(rows: list[dict]) -> list[dict]:
+    """Keep the newest row for each (family, op, version, shape, dtype, device_name, mode)."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        k = (r["family"], r["op"], r["version"], r["shape"], r["dtype"], r["device_name"], r["mode"])
+        if k not in best or (r["timestamp"] or "") >= (best[k]["timestamp"] or ""):
+            best[k] = r
+    return list(best.values())
+
+
+def stamp(device) -> dict:
+    m = env.machine(str(device))
+    return {"device": m["device"], "device_name": m["device_name"], "torch": m["torch"], "cuda": m["cuda"],
+            "commit": m["commit"], "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "run_id": RUN_ID}

@@ -1,0 +1,225 @@
+"""Is the kernel right? Compare with the PyTorch reference computed in float64.
+
+The rules (the same for every family):
+- the reference runs on float64 copies of the inputs; the error is ||out - ref|| / ||ref|| (and the max abs error);
+- tolerances are one explicit table per dtype (TOLERANCE); a float32 version that multiplies in TF32 says so
+  (`Version.precision = "tf32"`) and is held to the TF32 row;
+- every check draws fresh random inputs for several seeds (never zeros);
+- outputs are poisoned (NaN, or a sentinel for integers) before the kernel runs, so an element it never wrote fails;
+- NaN or Inf where the reference is finite always fails;
+- a failure report lists the worst elements as (index, got, expected).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from .registry import Op, Version, shape_label
+
+# Relative-error bounds, ||out - ref|| / ||ref||, against a float64 reference. float32 arithmetic lands near 1e-7 for
+# elementwise work and ~1e-6 after long reductions; TF32 keeps 10 mantissa bits (~3e-4); fp16 11 bits (rounding
+# the output alone costs ~3e-4); bf16 8 bits (~2e-3 from output rounding, more from rounded operands).
+TOLERANCE: dict[str, float] = {
+    "float64": 1e-12,
+    "float32": 2e-5,
+    "tf32": 3e-3,
+    "float16": 5e-3,
+    "bfloat16": 3e-2,
+}
+INT_SENTINEL = -(2 ** 31) + 7
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def tolerance(dtype: torch.dtype, precision: str | None = None) -> float:
+    return TOLERANCE[precision or dtype_name(dtype)]
+
+
+@dataclass
+class Comparison:
+    rel_err: float
+    max_abs: float
+    nonfinite: int            # NaN/Inf in the output where the reference is finite (poison left unwritten, or overflow)
+    worst: list[tuple[tuple[int, ...], float, float]]  # (index, got, expected)
+    numel: int
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, k_worst: int = 5) -> Comparison:
+    """Relative and max-abs error of `out` against `ref`; any non-finite value where ref is finite counts."""
+    if out.shape != ref.shape:
+        raise ValueError(f"output has shape {tuple(out.shape)}, reference has {tuple(ref.shape)}")
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(torch.float64).to(o.device)
+    bad = ~torch.isfinite(o) & torch.isfinite(r)
+    nonfinite = int(bad.sum())
+    diff = (o - r).abs()
+    diff = torch.where(bad, torch.full_like(diff, math.inf), diff)
+    diff = torch.where(torch.isnan(diff), torch.zeros_like(diff), diff)  # both NaN/Inf alike: not a kernel error
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    d = o - r
+    num = float(torch.linalg.vector_norm(torch.where(torch.isfinite(d), d, torch.zeros_like(d)))) if d.numel() else 0.0
+    den = float(torch.linalg.vector_norm(torch.where(torch.isfinite(r), r, torch.zeros_like(r)))) if r.numel() else 0.0
+    rel = math.inf if nonfinite else (num / den if den > 0 else num)
+    worst = []
+    if diff.numel():
+        flat = diff.flatten()
+        k = min(k_worst, flat.numel())
+        idx = torch.topk(flat, k).indices.tolist()
+        for i in idx:
+            nd = tuple(int(j) for j in torch.unravel_index(torch.tensor(i), diff.shape)) if diff.dim() else ()
+            worst.append((nd, float(o.flatten()[i]), float(r.flatten()[i])))
+    return Comparison(rel, max_abs, nonfinite, worst, o.numel())
+
+
+def _flat(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _flat(item)]
+    if x is None:
+        return []
+    raise TypeError(f"outputs must be tensors or tuples of tensors, got {type(x).__name__}")
+
+
+def poison_like(x):
+    """Empty outputs of the same structure, filled with NaN (float) or a sentinel (integer)."""
+    if isinstance(x, torch.Tensor):
+        fill = math.nan if x.is_floating_point() or x.is_complex() else INT_SENTINEL
+        return torch.full_like(x, fill)
+    return type(x)(poison_like(t) for t in x)
+
+
+def upcast(x):
+    """float64 copies of the floating-point tensors in a nested structure; other values pass through."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float64) if x.is_floating_point() else x
+    if isinstance(x, (tuple, list)):
+        return type(x)(upcast(t) for t in x)
+    if isinstance(x, dict):
+        return {k: upcast(v) for k, v in x.items()}
+    return x
+
+
+@dataclass
+class CheckResult:
+    op: str
+    version: str
+    shape: str
+    dtype: str
+    device: str
+    tol: float
+    rel_err: float = 0.0
+    max_abs: float = 0.0
+    passed: bool = True
+    seeds: int = 0
+    torch_rel_err: float | None = None   # the PyTorch baseline's own error at this dtype, for scale
+    problem: str = ""
+    worst: list = field(default_factory=list)
+
+    def line(self) -> str:
+        status = "ok  " if self.passed else "FAIL"
+        te = f"  torch {self.torch_rel_err:.1e}" if self.torch_rel_err is not None else ""
+        return (f"{status} {self.op:<14} {self.version:<14} {self.dtype:<9} {self.shape:<28} rel {self.rel_err:.1e} "
+                f"(tol {self.tol:.0e})  max|d| {self.max_abs:.1e}{te}" + (f"  <- {self.problem}" if self.problem else ""))
+
+    def details(self) -> str:
+        rows = [f"    at {idx}: got {g!r}, expected {e!r}" for idx, g, e in self.worst]
+        return "\n".join([self.line()] + rows)
+
+
+def run_version(v: Version, inputs: tuple, poison: bool = True):
+    """Run a version; for kernels, into poisoned outputs. Returns (outputs, problem-or-'')."""
+    if not (v.takes_out and poison):
+        return v.fn(*inputs), ""
+    probe = v.fn(*inputs)                # learn the output structure
+    out = poison_like(probe)
+    got = v.fn(*inputs, out=out)
+    for a, b in zip(_flat(got), _flat(out)):
+        if a.data_ptr() != b.data_ptr():
+            return got, "did not write into the out= tensors it was given"
+    return got, ""
+
+
+def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: torch.device | str,
+                  seeds: Iterable[int] = (0, 1, 2)) -> CheckResult:
+    device = torch.device(device)
+    res = CheckResult(op.name, v.name, shape_label(shape), dtype_name(dtype), device.type,
+                      tol=tolerance(dtype, v.precision))
+    base = None
+    if op.baseline and op.baseline != v.name:
+        cands = [b for b in op.versions_for(device, dtype) if b.name == op.baseline]
+        base = cands[0] if cands else None
+    for seed in seeds:
+        gen = torch.Generator().manual_seed(seed)
+        inputs = op.make_inputs(shape, dtype, device, gen)
+        ref = op.reference(*upcast(inputs))
+        try:
+            got, problem = run_version(v, inputs)
+        except Exception as e:  # a kernel that raises on valid input is a failed check, reported, not a crash
+            res.passed, res.problem, res.rel_err = False, f"raised {type(e).__name__}: {e}"[:300], math.inf
+            return res
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        res.seeds += 1
+        if problem:
+            res.passed, res.problem = False, problem
+        outs, refs = _flat(got), _flat(ref)
+        if len(outs) != len(refs):
+            res.passed, res.problem = False, f"{len(outs)} outputs, reference has {len(refs)}"
+            return res
+        for o, r in zip(outs, refs):
+            if not o.is_floating_point():
+                c = Comparison(0.0 if torch.equal(o.cpu(), r.cpu()) else math.inf,
+                               float((o.cpu().long() - r.cpu().long()).abs().max()) if o.numel() else 0.0,
+                               int((o.cpu() == INT_SENTINEL).sum()), [], o.numel())
+            else:
+                c = compare(o, r)
+            if c.rel_err > res.rel_err or (math.isnan(c.rel_err)):
+                res.rel_err, res.worst = c.rel_err, c.worst
+            res.max_abs = max(res.max_abs, c.max_abs)
+            if c.nonfinite:
+                res.passed = False
+                res.problem = res.problem or f"{c.nonfinite} of {c.numel} elements NaN/Inf (unwritten or overflow)"
+        if base is not None:
+            bgot = base.fn(*inputs)
+            err = max(compare(o, r).rel_err for o, r in zip(_flat(bgot), refs) if o.is_floating_point()) \
+                if any(o.is_floating_point() for o in _flat(bgot)) else 0.0
+            res.torch_rel_err = max(res.torch_rel_err or 0.0, err)
+    if not (res.rel_err <= res.tol):
+        res.passed = False
+        res.problem = res.problem or f"relative error {res.rel_err:.2e} over tolerance {res.tol:.0e}"
+    return res
+
+
+def check_op(op: Op, device: torch.device | str, dtypes=None, versions=None, shapes=None,
+             seeds: Iterable[int] = (0, 1, 2), progress: bool = False) -> list[CheckResult]:
+    """Every (version, dtype, shape) of an op that runs on `device`."""
+    out = []
+    for dtype in dtypes or op.dtypes:
+        if dtype not in op.dtypes:
+            continue
+        for v in op.versions_for(device, dtype, versions):
+            if not v.check:
+                continue
+            for shape in shapes or op.check_shapes:
+                r = check_version(op, v, shape, dtype, device, seeds)
+                out.append(r)
+                if progress or not r.passed:
+                    print(("  " if r.passed else "") + (r.line() if r.passed else r.details()), flush=True)
+    return out
+
+
+def assert_close(out: Any, ref: Any, dtype: torch.dtype, precision: str | None = None, what: str = "output") -> None:
+    """For tests: raise AssertionError with the worst elements unless every output is within tolerance."""
+    tol = tolerance(dtype, precision)
+    for i, (o, r) in enumerate(zip(_flat(out), _flat(ref))):
+        c = compare(o, r)
+        if c.nonfinite or not (c.rel_err <= tol):
+            worst = "\n".join(f"  at {idx}: got {g!r}, expected {e!r}" for idx, g, e in c.worst)
+            raise AssertionError(f"{what}[{i}]: relative error {c.rel_err:.3e} > {tol:.0e} "
+                                 f"({c.nonfinite} non-finite of {c.numel})\n{worst}")

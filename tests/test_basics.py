@@ -1,0 +1,81 @@
+"""CUDA basics (square, vector_add, stencil_1d, matmul): every version against the float64 reference, odd sizes,
+poisoned outputs, several seeds; and bad input gives an error that names the argument."""
+import pytest
+import torch
+
+from lab import registry, verify
+from lab.kernels import basics
+
+from conftest import devices, needs_gpu
+
+FAM = registry.get("basics")
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("op", [o.name for o in FAM.ops])
+def test_every_version_matches_reference(op, device):
+    rs = verify.check_op(FAM.op(op), device)
+    assert rs, "no version ran"
+    bad = [r.details() for r in rs if not r.passed]
+    assert not bad, "\n".join(bad)
+
+
+@needs_gpu
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_vectorised_versions_take_misaligned_views(version):
+    # x[1:] is contiguous but 4 bytes past a 16-byte boundary: v2 must fall back, not fault or misread
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(4099, generator=g).cuda()
+    x, b = base[1:], base.flip(0)[1:].contiguous()
+    torch.testing.assert_close(basics.square(x, version=version), x * x, rtol=0, atol=0)
+    torch.testing.assert_close(basics.vector_add(x, b, version=version), x + b, rtol=0, atol=0)
+
+
+@needs_gpu
+def test_large_matmul_tiles_against_float64():
+    g = torch.Generator().manual_seed(3)
+    A = torch.randn(1000, 777, generator=g).cuda()
+    B = torch.randn(777, 513, generator=g).cuda()
+    for v in ("v1", "v2"):
+        verify.assert_close(basics.matmul(A, B, version=v), A.double() @ B.double(), torch.float32, what=v)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_bad_input_names_the_argument(device):
+    x = torch.randn(10, device=device)
+    cuda_v = "v1" if device == "cuda" else "cpu"
+    with pytest.raises(TypeError, match=r"x must be Float or Double, got Int"):
+        basics.square(torch.ones(10, dtype=torch.int32, device=device), version=cuda_v)
+    with pytest.raises(ValueError, match=r"x must be contiguous"):
+        basics.square(torch.randn(10, 4, device=device).t(), version=cuda_v)
+    with pytest.raises(ValueError, match=r"b must have the same shape as a = \(10,\), got \(9,\)"):
+        basics.vector_add(x, x[:9], version=cuda_v)
+    with pytest.raises(TypeError, match=r"b must have the same dtype as a"):
+        basics.vector_add(x, x.double(), version=cuda_v)
+    with pytest.raises(ValueError, match=r"B must have shape \(K, N\) with K = A.size\(1\) = 5, got \(4, 3\)"):
+        basics.matmul(torch.randn(2, 5, device=device), torch.randn(4, 3, device=device), version=cuda_v)
+    with pytest.raises(ValueError, match=r"x must be 1-D \(n,\), got 2-D"):
+        basics.stencil_1d(torch.randn(3, 3, device=device), version=cuda_v)
+    with pytest.raises(ValueError, match=r"out must have shape like x = \(10,\), got \(11,\)"):
+        basics.square(x, out=torch.empty(11, device=device), version=cuda_v)
+
+
+def test_cuda_version_on_cpu_tensor_is_refused():
+    with pytest.raises(ValueError, match=r"version 2 is a CUDA kernel but x is on the CPU"):
+        basics.square(torch.randn(4), version="v2")
+    with pytest.raises(ValueError, match="version must be 'cpu' or 'v<N>'"):
+        basics.square(torch.randn(4), version="fast")
+
+
+@needs_gpu
+def test_mixed_devices_are_refused():
+    with pytest.raises(ValueError, match=r"b must be on the same device as a \(cuda:0\), got cpu"):
+        basics.vector_add(torch.randn(4, device="cuda"), torch.randn(4), version="v1")
+
+
+@needs_gpu
+def test_fma_peak_probe_runs():
+    # the ceiling probe must produce finite output (it feeds every %-of-peak number)
+    out = torch.full((132 * 256,), float("nan"), device="cuda")
+    basics.ext().fma_peak(out, 132, 256, 8)
+    assert torch.isfinite(out).all()

@@ -1,0 +1,179 @@
+"""lab.build: JIT from disk that is never stale, maps errors to the real file, and never hangs.
+
+These tests build a toy family in a scratch source tree and cache (pybind11 only, no torch headers, so each build
+takes seconds), and edit it the way a notebook user would.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lab import build, env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TOY_CPP = textwrap.dedent("""\
+    #include <pybind11/pybind11.h>
+    #include "toy.h"
+    int value() { return TOY_VALUE * 10 + 1; }
+    PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("value", &value); }
+    """)
+TOY_H = "#pragma once\n#define TOY_VALUE 4\n"
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """A scratch tree with cpp_src/toy.cpp + toy.h, its own cache; lab.build reads sources from there."""
+    cpp, cu = tmp_path / "cpp_src", tmp_path / "cuda_src"
+    cpp.mkdir()
+    cu.mkdir()
+    (cpp / "toy.cpp").write_text(TOY_CPP)
+    (cpp / "toy.h").write_text(TOY_H)
+    monkeypatch.setattr(env, "CPP_SRC", cpp)
+    monkeypatch.setattr(env, "CUDA_SRC", cu)
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LAB_SRC_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def test_build_cache_and_hot_reload(toy):
+    m = build.load("toy", "cpu", verbose=False)
+    assert m.value() == 41
+    assert build.load("toy", "cpu", verbose=False) is m                  # same key: no rebuild, same module
+
+    _edit(toy / "cpp_src" / "toy.cpp", "* 10 + 1", "* 10 + 2")           # edit the source, same process
+    m2 = build.load("toy", "cpu", verbose=False)
+    assert m2.value() == 42 and m2 is not m
+
+    _edit(toy / "cpp_src" / "toy.h", "TOY_VALUE 4", "TOY_VALUE 5")        # header-only change
+    assert build.load("toy", "cpu", verbose=False).value() == 52
+
+    _edit(toy / "cpp_src" / "toy.h", "TOY_VALUE 5", "TOY_VALUE 4")        # back to a key built before: cached
+    _edit(toy / "cpp_src" / "toy.cpp", "* 10 + 2", "* 10 + 1")
+    build._last_build_seconds.clear()
+    assert build.load("toy", "cpu", verbose=False).value() == 41
+    assert build.last_build_seconds("toy", "cpu") is None
+
+
+def test_key_covers_sources_headers_and_flags(toy, monkeypatch):
+    k0 = build.spec("toy", "cpu").key
+    assert build.spec("toy", "cpu").key == k0
+    _edit(toy / "cpp_src" / "toy.h", "TOY_VALUE 4", "TOY_VALUE 4 ")
+    k1 = build.spec("toy", "cpu").key
+    assert k1 != k0
+    monkeypatch.setattr(build, "CPP_FLAGS", ["-O2"])
+    assert build.spec("toy", "cpu").key != k1
+    assert [p.name for p in build.spec("toy", "cpu").headers] == ["toy.h"]
+
+
+def test_compile_error_names_real_file_and_line_then_fix_rebuilds(toy):
+    src = toy / "cpp_src" / "toy.cpp"
+    _edit(src, "return TOY_VALUE * 10 + 1;", "return TOY_VALUE * 10 + undefined_name;")
+    with pytest.raises(build.BuildError) as ei:
+        build.load("toy", "cpu", verbose=False)
+    msg = str(ei.value)
+    assert "toy.cpp:3" in msg and "error" in msg                   # the real file and line, not build/main.cpp
+    assert "undefined_name" in msg                                 # the offending source line is quoted
+    assert "main.cpp" not in msg.splitlines()[0]
+    assert ei.value.log_path.exists() and "undefined_name" in ei.value.log
+    _edit(src, "undefined_name", "3")                              # fix it: the next load builds
+    assert build.load("toy", "cpu", verbose=False).value() == 43
+
+
+def test_missing_family_is_a_clear_error(toy):
+    with pytest.raises(build.BuildError, match=r"no source .*nope\.cpp; families on disk: toy"):
+        build.load("nope", "cpu", verbose=False)
+
+
+def test_stale_torch_lock_file_does_not_hang(toy):
+    # torch's FileBaton leaves <build>/lock behind when a build is killed; the next torch build waits forever.
+    s = build.spec("toy", "cpu")
+    s.build_dir.mkdir(parents=True)
+    (s.build_dir / "lock").write_text("")
+    t0 = time.monotonic()
+    assert build.load("toy", "cpu", verbose=False).value() == 41
+    assert time.monotonic() - t0 < 300  # a hang would be stopped here, not by CI's limit
+
+
+def _probe_env(toy):
+    return {**os.environ, "LAB_SRC_ROOT": str(toy), "LAB_CACHE_DIR": str(toy / "cache"),
+            "PYTHONPATH": str(ROOT)}
+
+
+PROBE = ("import lab.build as b, sys; m = b.load('toy', 'cpu', verbose=False); "
+         "print('VALUE', m.value(), 'BUILT', b.last_build_seconds('toy', 'cpu') is not None)")
+
+
+def test_two_processes_building_at_once_both_succeed(toy):
+    procs = [subprocess.Popen([sys.executable, "-c", PROBE], env=_probe_env(toy), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert "VALUE 41" in out
+    # exactly one of them compiled; the other waited on the lock and imported the result
+    assert sum("BUILT True" in o for o, _ in outs) == 1
+
+
+def test_warm_start_in_a_new_process_does_not_compile(toy):
+    build.load("toy", "cpu", verbose=False)
+    out = subprocess.run([sys.executable, "-c", PROBE], env=_probe_env(toy), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "VALUE 41 BUILT False" in out.stdout
+
+
+def test_cuda_build_without_gpu_or_arch_list_says_what_to_do(toy, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the arch comes from the device")
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    (toy / "cuda_src" / "toy.cu").write_text("int cu_value() { return 7; }\n")
+    with pytest.raises(build.BuildError, match="TORCH_CUDA_ARCH_LIST"):
+        build.load("toy", "cuda", verbose=False)
+
+
+def test_arch_list_parsing(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+    flags, label = build.cuda_arch()
+    assert label == "sm_80,sm_90a"
+    assert "-gencode=arch=compute_90a,code=sm_90a" in flags
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "hopper")
+    with pytest.raises(build.BuildError, match="cannot read arch"):
+        build.cuda_arch()
+
+
+def _can_build_cuda() -> str | None:
+    if torch.version.cuda is None:
+        return "this torch is a CPU build: CUDA extensions need a CUDA build of torch"
+    if not torch.cuda.is_available() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return "no GPU and no TORCH_CUDA_ARCH_LIST: nothing to compile CUDA for"
+    return None
+
+
+@pytest.mark.skipif(_can_build_cuda() is not None, reason=str(_can_build_cuda()))
+def test_cuda_flavor_edit_rebuilds_only_what_changed(toy):
+    cu = toy / "cuda_src" / "toy.cu"
+    cu.write_text('#include "lab_cuda.cuh"\n__global__ void k(int* p) { *p = 1; }\nint cu_value() { return 7; }\n')
+    (toy / "cuda_src" / "lab_cuda.cuh").write_text((ROOT / "cuda_src" / "lab_cuda.cuh").read_text())
+    _edit(toy / "cpp_src" / "toy.cpp", "int value()", "int cu_value();\nint value2() { return cu_value(); }\n"
+                                                     "int value()")
+    _edit(toy / "cpp_src" / "toy.cpp", 'm.def("value", &value);', 'm.def("value", &value); m.def("value2", &value2);')
+    assert build.load("toy", "cuda", verbose=False).value2() == 7
+    _edit(cu, "return 7;", "return 8;")
+    assert build.load("toy", "cuda", verbose=False).value2() == 8
+    _edit(cu, "return 8;", "return 8 +;")
+    with pytest.raises(build.BuildError, match=r"toy\.cu[:(]3"):
+        build.load("toy", "cuda", verbose=False)

@@ -1,0 +1,84 @@
+"""The verification machinery itself: it must fail what is wrong."""
+import math
+
+import pytest
+import torch
+
+from lab import verify
+from lab.registry import Op, Version
+
+
+def test_compare_exact_and_scaled_error():
+    ref = torch.randn(1000, dtype=torch.float64)
+    c = verify.compare(ref.clone(), ref)
+    assert c.rel_err == 0 and c.nonfinite == 0
+    noisy = ref * (1 + 1e-3)
+    assert verify.compare(noisy, ref).rel_err == pytest.approx(1e-3, rel=1e-6)
+
+
+def test_nan_never_passes():
+    ref = torch.randn(100, dtype=torch.float64)
+    out = ref.clone()
+    out[17] = math.nan
+    c = verify.compare(out, ref)
+    assert c.nonfinite == 1 and math.isinf(c.rel_err)
+    assert c.worst[0][0] == (17,)
+    with pytest.raises(AssertionError, match="non-finite"):
+        verify.assert_close(out, ref, torch.float32)
+
+
+def test_inf_where_reference_finite_fails():
+    ref = torch.ones(4, 4, dtype=torch.float64)
+    out = ref.clone()
+    out[2, 3] = math.inf
+    c = verify.compare(out, ref)
+    assert c.nonfinite == 1 and c.worst[0][0] == (2, 3)
+
+
+def test_tolerance_table_is_per_dtype_and_tf32_is_looser_than_fp32():
+    assert verify.tolerance(torch.float64) < verify.tolerance(torch.float32) < verify.tolerance(torch.float32, "tf32")
+    assert verify.tolerance(torch.float16) < verify.tolerance(torch.bfloat16)
+
+
+def _op(fn_writes_half: bool):
+    def kernel(x, out=None):
+        out = torch.empty_like(x) if out is None else out
+        n = x.numel() // 2 if fn_writes_half else x.numel()
+        out.view(-1)[:n] = x.view(-1)[:n] * 2
+        return out
+    return Op("t", "double", lambda s, dt, dev, g: (torch.randn(s["n"], generator=g, dtype=dt).to(dev),),
+              lambda x: x * 2, [Version("v1", kernel, "any")], [{"n": 10}], [{"n": 10}])
+
+
+def test_poisoned_output_catches_unwritten_elements():
+    # torch.empty_like may hand back memory that already holds the right answer; poisoning makes that impossible
+    op = _op(fn_writes_half=True)
+    r = verify.check_version(op, op.versions[0], {"n": 10}, torch.float32, "cpu")
+    assert not r.passed and "NaN" in r.problem
+    good = _op(fn_writes_half=False)
+    assert verify.check_version(good, good.versions[0], {"n": 10}, torch.float32, "cpu").passed
+
+
+def test_wrong_answer_fails_with_worst_elements_reported():
+    op = _op(False)
+    op.reference = lambda x: x * 2.001
+    r = verify.check_version(op, op.versions[0], {"n": 10}, torch.float32, "cpu")
+    assert not r.passed and "over tolerance" in r.problem
+    assert len(r.worst) > 0 and "got" in r.details()
+
+
+def test_kernel_ignoring_out_is_caught():
+    op = _op(False)
+    op.versions[0].fn = lambda x, out=None: x * 2
+    r = verify.check_version(op, op.versions[0], {"n": 10}, torch.float32, "cpu")
+    assert not r.passed and "out=" in r.problem
+
+
+def test_several_seeds_draw_different_inputs():
+    seen = []
+    op = _op(False)
+    base = op.make_inputs
+    op.make_inputs = lambda s, dt, dev, g: seen.append(base(s, dt, dev, g)[0]) or (seen[-1],)
+    verify.check_version(op, op.versions[0], {"n": 10}, torch.float32, "cpu", seeds=(0, 1, 2))
+    assert len(seen) == 3 and not torch.equal(seen[0], seen[1])
+    assert all(bool((x != 0).all()) for x in seen)
