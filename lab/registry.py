@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -109,6 +110,7 @@ class Family:
 
 
 _FAMILIES: dict[str, Family] = {}
+BROKEN: dict[str, str] = {}  # family modules that failed to import -> why
 _discovered = False
 
 
@@ -124,8 +126,14 @@ def _discover() -> None:
     _discovered = True
     from . import kernels
     for m in sorted(pkgutil.iter_modules(kernels.__path__), key=lambda m: m.name):
-        if not m.name.startswith("_"):
+        if m.name.startswith("_"):
+            continue
+        try:
             importlib.import_module(f"{kernels.__name__}.{m.name}")
+        except Exception as e:  # one broken family module must not take the others down; say which and why
+            BROKEN[m.name] = f"{type(e).__name__}: {e}"
+            warnings.warn(f"lab: family module lab/kernels/{m.name}.py failed to import ({BROKEN[m.name]}); "
+                          "it is skipped", stacklevel=2)
 
 
 def families() -> list[Family]:
@@ -135,6 +143,8 @@ def families() -> list[Family]:
 
 def get(name: str) -> Family:
     _discover()
+    if name in BROKEN:
+        raise KeyError(f"family {name!r} failed to import: {BROKEN[name]}")
     if name not in _FAMILIES:
         raise KeyError(f"no kernel family {name!r}; families: {', '.join(sorted(_FAMILIES))}")
     return _FAMILIES[name]
