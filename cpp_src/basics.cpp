@@ -221,10 +221,10 @@ at::Tensor fma_peak(at::Tensor out, int64_t blocks, int64_t threads, int64_t ite
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "CUDA basics: square, vector_add, stencil_1d (radius 3), matmul; version 0 = C++ CPU code";
-  m.def("square", torch::wrap_pybind_function(square), "square(x, out, version) -> out = x * x");
-  m.def("vector_add", torch::wrap_pybind_function(vector_add), "vector_add(a, b, out, version) -> out = a + b");
-  m.def("stencil_1d", torch::wrap_pybind_function(stencil_1d),
+  m.def("square", lab::bind(square), "square(x, out, version) -> out = x * x");
+  m.def("vector_add", lab::bind(vector_add), "vector_add(a, b, out, version) -> out = a + b");
+  m.def("stencil_1d", lab::bind(stencil_1d),
         "stencil_1d(x, out, version) -> out[i] = sum of x[i-3..i+3], zeros outside");
-  m.def("matmul", torch::wrap_pybind_function(matmul), "matmul(A, B, out, version) -> out = A @ B");
-  m.def("fma_peak", torch::wrap_pybind_function(fma_peak), "fma_peak(out, blocks, threads, iters): FP32 FMA probe");
+  m.def("matmul", lab::bind(matmul), "matmul(A, B, out, version) -> out = A @ B");
+  m.def("fma_peak", lab::bind(fma_peak), "fma_peak(out, blocks, threads, iters): FP32 FMA probe");
 }

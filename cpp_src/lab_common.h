@@ -1,5 +1,5 @@
 // lab_common.h — what every cpp_src/<family>.cpp shares: the torch headers it needs, named input checks, and the
-// plumbing to call a CUDA launcher on the current stream and check what it returns.
+// plumbing to call a CUDA launcher on the current stream and check what it returns, and lab::bind for m.def.
 //
 // Why not <torch/extension.h>: it pulls in the whole C++ frontend (torch/all.h) and doubles the compile time of a
 // binding (41 s -> 20 s on a 2-core box). We need tensors, at::parallel_for, pybind11 and torch's exception mapping.
@@ -7,14 +7,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function: c10::ValueError -> ValueError, etc.
 #include <torch/csrc/utils/pybind.h>  // pybind11 casters for at::Tensor
 
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #ifdef LAB_WITH_CUDA
@@ -90,6 +91,31 @@ inline void check_out(const at::Tensor& out, const char* name, const at::Tensor&
 inline int check_int32(int64_t v, const char* what) {
   TORCH_CHECK_VALUE(v >= 0 && v <= INT32_MAX, what, " = ", v, " does not fit the kernel's 32-bit index");
   return static_cast<int>(v);
+}
+
+// ---- binding ------------------------------------------------------------------------------------------------
+// bind(f) wraps a torch-facing function for m.def: c10 errors become the matching Python exception (TypeError,
+// ValueError, IndexError, NotImplementedError, else RuntimeError), with the message and without the C++ backtrace.
+// Translated here with pybind11's own exception types rather than torch::wrap_pybind_function, which crashed
+// (SIGSEGV) on a TORCH_CHECK_TYPE failure with torch 2.11 on the H100 box.
+template <class R, class... A>
+auto bind(R (*f)(A...)) {
+  return [f](A... args) -> R {
+    try {
+      return f(std::forward<A>(args)...);
+    } catch (const c10::TypeError& e) {
+      throw pybind11::type_error(e.what_without_backtrace());
+    } catch (const c10::ValueError& e) {
+      throw pybind11::value_error(e.what_without_backtrace());
+    } catch (const c10::IndexError& e) {
+      throw pybind11::index_error(e.what_without_backtrace());
+    } catch (const c10::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+      throw pybind11::error_already_set();
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());
+    }
+  };
 }
 
 }  // namespace lab

@@ -38,6 +38,8 @@ class Version:
     dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype of the op
     graph: bool = False                    # also time it replayed from a CUDA graph (launch-bound code)
     check: bool = True                     # verify it (a baseline that *is* the reference need not be)
+    inplace: bool = False                  # fn(*inputs) updates tensors among its inputs and returns them (an
+                                           # optimizer step): verify hands it a fresh copy, bench times it as is
 
     def runs_on(self, device: torch.device | str) -> bool:
         return self.device in ("any", torch.device(device).type)

@@ -94,6 +94,17 @@ def poison_like(x):
     return type(x)(poison_like(t) for t in x)
 
 
+def fresh_copy(x):
+    """Clones of the tensors in a nested structure (for versions that update their inputs in place)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, (tuple, list)):
+        return type(x)(fresh_copy(t) for t in x)
+    if isinstance(x, dict):
+        return {k: fresh_copy(v) for k, v in x.items()}
+    return x
+
+
 def upcast(x):
     """float64 copies of the floating-point tensors in a nested structure; other values pass through."""
     if isinstance(x, torch.Tensor):
@@ -159,7 +170,7 @@ def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: t
         inputs = op.make_inputs(shape, dtype, device, gen)
         ref = op.reference(*upcast(inputs))
         try:
-            got, problem = run_version(v, inputs)
+            got, problem = run_version(v, fresh_copy(inputs) if v.inplace else inputs)
         except Exception as e:  # a kernel that raises on valid input is a failed check, reported, not a crash
             res.passed, res.problem, res.rel_err = False, f"raised {type(e).__name__}: {e}"[:300], math.inf
             return res
@@ -186,7 +197,7 @@ def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: t
                 res.passed = False
                 res.problem = res.problem or f"{c.nonfinite} of {c.numel} elements NaN/Inf (unwritten or overflow)"
         if base is not None:
-            bgot = base.fn(*inputs)
+            bgot = base.fn(*(fresh_copy(inputs) if base.inplace else inputs))
             err = max(compare(o, r).rel_err for o, r in zip(_flat(bgot), refs) if o.is_floating_point()) \
                 if any(o.is_floating_point() for o in _flat(bgot)) else 0.0
             res.torch_rel_err = max(res.torch_rel_err or 0.0, err)

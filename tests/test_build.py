@@ -50,21 +50,21 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 
 def test_build_cache_and_hot_reload(toy):
-    m = build.load("toy", "cpu", verbose=False)
+    m = build.load("toy", "cpu", verbose=False, max_age=0)
     assert m.value() == 41
-    assert build.load("toy", "cpu", verbose=False) is m                  # same key: no rebuild, same module
+    assert build.load("toy", "cpu", verbose=False, max_age=0) is m                  # same key: no rebuild, same module
 
     _edit(toy / "cpp_src" / "toy.cpp", "* 10 + 1", "* 10 + 2")           # edit the source, same process
-    m2 = build.load("toy", "cpu", verbose=False)
+    m2 = build.load("toy", "cpu", verbose=False, max_age=0)
     assert m2.value() == 42 and m2 is not m
 
     _edit(toy / "cpp_src" / "toy.h", "TOY_VALUE 4", "TOY_VALUE 5")        # header-only change
-    assert build.load("toy", "cpu", verbose=False).value() == 52
+    assert build.load("toy", "cpu", verbose=False, max_age=0).value() == 52
 
     _edit(toy / "cpp_src" / "toy.h", "TOY_VALUE 5", "TOY_VALUE 4")        # back to a key built before: cached
     _edit(toy / "cpp_src" / "toy.cpp", "* 10 + 2", "* 10 + 1")
     build._last_build_seconds.clear()
-    assert build.load("toy", "cpu", verbose=False).value() == 41
+    assert build.load("toy", "cpu", verbose=False, max_age=0).value() == 41
     assert build.last_build_seconds("toy", "cpu") is None
 
 
@@ -83,19 +83,19 @@ def test_compile_error_names_real_file_and_line_then_fix_rebuilds(toy):
     src = toy / "cpp_src" / "toy.cpp"
     _edit(src, "return TOY_VALUE * 10 + 1;", "return TOY_VALUE * 10 + undefined_name;")
     with pytest.raises(build.BuildError) as ei:
-        build.load("toy", "cpu", verbose=False)
+        build.load("toy", "cpu", verbose=False, max_age=0)
     msg = str(ei.value)
     assert "toy.cpp:3" in msg and "error" in msg                   # the real file and line, not build/main.cpp
     assert "undefined_name" in msg                                 # the offending source line is quoted
     assert "main.cpp" not in msg.splitlines()[0]
     assert ei.value.log_path.exists() and "undefined_name" in ei.value.log
     _edit(src, "undefined_name", "3")                              # fix it: the next load builds
-    assert build.load("toy", "cpu", verbose=False).value() == 43
+    assert build.load("toy", "cpu", verbose=False, max_age=0).value() == 43
 
 
 def test_missing_family_is_a_clear_error(toy):
     with pytest.raises(build.BuildError, match=r"no source .*nope\.cpp; families on disk: toy"):
-        build.load("nope", "cpu", verbose=False)
+        build.load("nope", "cpu", verbose=False, max_age=0)
 
 
 def test_stale_torch_lock_file_does_not_hang(toy):
@@ -104,7 +104,7 @@ def test_stale_torch_lock_file_does_not_hang(toy):
     s.build_dir.mkdir(parents=True)
     (s.build_dir / "lock").write_text("")
     t0 = time.monotonic()
-    assert build.load("toy", "cpu", verbose=False).value() == 41
+    assert build.load("toy", "cpu", verbose=False, max_age=0).value() == 41
     assert time.monotonic() - t0 < 300  # a hang would be stopped here, not by CI's limit
 
 
@@ -113,7 +113,7 @@ def _probe_env(toy):
             "PYTHONPATH": str(ROOT)}
 
 
-PROBE = ("import lab.build as b, sys; m = b.load('toy', 'cpu', verbose=False); "
+PROBE = ("import lab.build as b, sys; m = b.load('toy', 'cpu', verbose=False, max_age=0); "
          "print('VALUE', m.value(), 'BUILT', b.last_build_seconds('toy', 'cpu') is not None)")
 
 
@@ -129,7 +129,7 @@ def test_two_processes_building_at_once_both_succeed(toy):
 
 
 def test_warm_start_in_a_new_process_does_not_compile(toy):
-    build.load("toy", "cpu", verbose=False)
+    build.load("toy", "cpu", verbose=False, max_age=0)
     out = subprocess.run([sys.executable, "-c", PROBE], env=_probe_env(toy), capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
@@ -142,7 +142,7 @@ def test_cuda_build_without_gpu_or_arch_list_says_what_to_do(toy, monkeypatch):
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     (toy / "cuda_src" / "toy.cu").write_text("int cu_value() { return 7; }\n")
     with pytest.raises(build.BuildError, match="TORCH_CUDA_ARCH_LIST"):
-        build.load("toy", "cuda", verbose=False)
+        build.load("toy", "cuda", verbose=False, max_age=0)
 
 
 def test_arch_list_parsing(monkeypatch):
@@ -171,9 +171,9 @@ def test_cuda_flavor_edit_rebuilds_only_what_changed(toy):
     _edit(toy / "cpp_src" / "toy.cpp", "int value()", "int cu_value();\nint value2() { return cu_value(); }\n"
                                                      "int value()")
     _edit(toy / "cpp_src" / "toy.cpp", 'm.def("value", &value);', 'm.def("value", &value); m.def("value2", &value2);')
-    assert build.load("toy", "cuda", verbose=False).value2() == 7
+    assert build.load("toy", "cuda", verbose=False, max_age=0).value2() == 7
     _edit(cu, "return 7;", "return 8;")
-    assert build.load("toy", "cuda", verbose=False).value2() == 8
+    assert build.load("toy", "cuda", verbose=False, max_age=0).value2() == 8
     _edit(cu, "return 8;", "return 8 +;")
     with pytest.raises(build.BuildError, match=r"toy\.cu[:(]3"):
-        build.load("toy", "cuda", verbose=False)
+        build.load("toy", "cuda", verbose=False, max_age=0)

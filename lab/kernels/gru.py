@@ -1,0 +1,215 @@
+"""GRU forward (torch.nn.GRU, gates r, z, n): the C++ CPU version, CUDA v1 / v2 / v3, and cuDNN as the baseline;
+plus the pieces of the seq2seq decoder step that runs without torch.cat (lab/models/seq2seq.py).
+
+Sources: cuda_src/gru.cu (kernels, launchers, the napkin math), cpp_src/gru.cpp (bindings, named checks, CPU code).
+
+    out, h_n = gru(x, h0, params, version="v3")
+    # x: (seq_len, batch, input_size); h0: (num_layers, batch, hidden) or None (zeros);
+    # params: 4 tensors per layer in nn.GRU's order (w_ih, w_hh, b_ih, b_hh), e.g. nn.GRU(...)._flat_weights
+
+Versions: 'cpu' (C++, at::parallel_for), 'v1' (per-step GEMMs + fused gates), 'v2' (input projection of all steps
+as one GEMM up front), 'v3' (persistent: W_hh in registers across all steps, one grid barrier per step). dtypes:
+float32, float16, bfloat16 everywhere (fp32 accumulation, fp32 gates); float64 on 'cpu', 'v1', 'v2'.
+Baselines: nn.GRU itself (cuDNN on the GPU) at strict fp32 (torch.backends.cudnn.allow_tf32 = False, the same
+precision as the kernels), and, for reference, cuDNN with TF32 (PyTorch's default for fp32 RNNs).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from .. import build
+from ..registry import Family, Op, Version, register, version_number
+from ._common import elem_size, randn, uniform
+
+FAMILY = "gru"
+DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+V3_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def ext():
+    """The compiled module (built on first use; rebuilt whenever a source changed)."""
+    return build.load(FAMILY)
+
+
+def _default(x: torch.Tensor) -> str:
+    if not x.is_cuda:
+        return "cpu"
+    return "v3" if x.dtype in V3_DTYPES else "v2"
+
+
+# ---- the wrapper ------------------------------------------------------------------------------------------------
+def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = None,
+        version: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """nn.GRU's forward: returns (out (seq_len, batch, hidden), h_n (num_layers, batch, hidden)).
+
+    params: 4 tensors per layer (w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,)), like nn.GRU._flat_weights.
+    out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' | 'v2' | 'v3' (default: v3 on the GPU).
+    """
+    params = list(params)
+    if out is None:
+        # shapes only; every argument is checked, with its name, in cpp_src/gru.cpp
+        L = len(params) // 4
+        H = params[1].shape[1] if len(params) > 1 and params[1].dim() == 2 else 0
+        T, B = (x.shape[0], x.shape[1]) if x.dim() == 3 else (0, 0)
+        out = (torch.empty(T, B, H, dtype=x.dtype, device=x.device), torch.empty(L, B, H, dtype=x.dtype,
+                                                                                device=x.device))
+    o, hn = out
+    return tuple(ext().gru_forward(x, h0, params, o, hn, version_number(version or _default(x))))
+
+
+def v3_plan(batch: int, hidden: int, dtype: torch.dtype = torch.float32) -> dict:
+    """How v3 splits the work on this GPU: units per block, batch slices, shared memory, blocks (and if it fits)."""
+    keys = ["status", "kpt", "lanes_per_unit", "units_per_block", "hidden_slices", "batch_slices",
+            "rows_per_block", "rows_per_chunk", "smem_bytes", "blocks", "max_coresident"]
+    return dict(zip(keys, ext().v3_plan(batch, hidden, DTYPE_CODE[dtype])))
+
+
+# ---- precision --------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def precision(tf32: bool):
+    """cuDNN runs fp32 RNNs in TF32 unless told not to (torch.backends.cudnn.allow_tf32, default True); cuBLAS
+    follows torch.backends.cuda.matmul.allow_tf32 (default False). Pin both for a like-for-like comparison."""
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+
+
+# ---- reference and baselines ------------------------------------------------------------------------------------
+def _dims(x, params):
+    return len(params) // 4, params[1].shape[1], x.shape[-1]
+
+
+def gru_ref(x, h0, params):
+    """torch.nn.GRU with the same weights (verify runs it on float64 copies: double on the CPU and on cuDNN)."""
+    L, H, I = _dims(x, params)
+    m = torch.nn.GRU(I, H, L, dtype=x.dtype, device=x.device)
+    with torch.no_grad():
+        for name, p in zip(m._flat_weights_names, params):
+            getattr(m, name).copy_(p)
+        out, hn = m(x, h0)
+    return out, hn
+
+
+def _vf_gru(x, h0, params):
+    # What nn.GRU.forward calls (torch/nn/modules/rnn.py): cuDNN on the GPU, aten's own GRU on the CPU. Calling it
+    # directly times the op without the module wrapper; make_inputs keeps the weights in cuDNN's packed buffer.
+    L, H, _ = _dims(x, params)
+    if h0 is None:
+        h0 = torch.zeros(L, x.shape[1], H, dtype=x.dtype, device=x.device)
+    return tuple(torch._VF.gru(x, h0, list(params), True, L, 0.0, False, False, False))
+
+
+def gru_torch(x, h0, params):
+    """nn.GRU at the kernels' precision (fp32 without TF32)."""
+    with precision(tf32=False):
+        return _vf_gru(x, h0, params)
+
+
+def gru_torch_tf32(x, h0, params):
+    """nn.GRU as PyTorch runs fp32 by default on the GPU: cuDNN with TF32 matrix products."""
+    with precision(tf32=True):
+        return _vf_gru(x, h0, params)
+
+
+# ---- inputs -----------------------------------------------------------------------------------------------------
+def make_params(I: int, H: int, L: int, dtype, device, gen: torch.Generator) -> tuple:
+    """Random weights as nn.GRU initialises them (uniform(-1/sqrt(H), 1/sqrt(H))), drawn from `gen`.
+
+    On the GPU they live in the one buffer cuDNN wants (what nn.GRU.flatten_parameters makes), so the cuDNN
+    baseline does not re-pack them on every call; each tensor is still a contiguous view the kernels read directly.
+    """
+    k = 1.0 / math.sqrt(H)
+    flat = []
+    for l in range(L):
+        inp = I if l == 0 else H
+        for shape in ((3 * H, inp), (3 * H, H), (3 * H,), (3 * H,)):
+            flat.append(uniform(shape, -k, k, dtype, "cpu", gen))
+    if torch.device(device).type != "cuda":
+        return tuple(flat)
+    m = torch.nn.GRU(I, H, L, dtype=dtype, device=device)  # its constructor packs the weights (flatten_parameters)
+    with torch.no_grad():
+        for name, p in zip(m._flat_weights_names, flat):
+            getattr(m, name).copy_(p)
+    return tuple(w.detach() for w in m._flat_weights)
+
+
+def make_inputs(shape: dict, dtype, device, gen: torch.Generator):
+    T, B, I, H, L = shape["seq"], shape["batch"], shape["input"], shape["hidden"], shape["layers"]
+    x = randn((T, B, I), dtype, device, gen)                                   # x: (seq_len, batch, input_size)
+    h0 = randn((L, B, H), dtype, device, gen, scale=0.5) if shape["h0"] else None  # h0: (layers, batch, hidden)
+    return x, h0, make_params(I, H, L, dtype, device, gen)
+
+
+def _flops(s, dt):
+    H, L = s["hidden"], s["layers"]
+    return sum(2 * s["seq"] * s["batch"] * 3 * H * ((s["input"] if l == 0 else H) + H) for l in range(L))
+
+
+def _nbytes(s, dt):
+    T, B, I, H, L = s["seq"], s["batch"], s["input"], s["hidden"], s["layers"]
+    weights = sum(3 * H * ((I if l == 0 else H) + H) + 6 * H for l in range(L))
+    return elem_size(dt) * (T * B * I + T * B * H + L * B * H * (2 if s["h0"] else 1) + weights)
+
+
+def _shape(seq, batch, inp, hidden, layers=1, h0=0):
+    return {"seq": seq, "batch": batch, "input": inp, "hidden": hidden, "layers": layers, "h0": h0}
+
+
+CHECK_SHAPES = [
+    _shape(1, 1, 1, 1),                   # everything 1
+    _shape(1, 3, 77, 200, 1, 1),          # a decoder step: seq_len 1, odd sizes, h0
+    _shape(7, 3, 77, 200, 2, 1),          # two layers, odd sizes
+    _shape(5, 1, 16, 33, 1, 0),           # hidden not a multiple of anything
+    _shape(4, 5, 64, 64, 3, 0),           # three layers, no h0
+    _shape(6, 20, 256, 512, 1, 1),        # the model's hidden size; v3 splits the batch over blocks
+    _shape(3, 130, 31, 96, 1, 1),         # batch > 128, many batch slices
+    _shape(2, 64, 8, 1024, 1, 1),         # v3's largest hidden: 32 lanes per unit, batch in shared-memory chunks
+]
+BENCH_SHAPES = [_shape(30, b, 256, 512) for b in (1, 8, 32, 64, 128, 256)]   # the seq2seq encoder, T = 30
+CPU_BENCH_SHAPES = [_shape(30, b, 256, 512) for b in (1, 8)]
+ALL = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _kernel(name: str):
+    return lambda x, h0, params, out=None: gru(x, h0, params, out=out, version=name)
+
+
+OPS = [
+    Op(FAMILY, "gru", make_inputs, gru_ref,
+       [Version("cpu", _kernel("cpu"), "cpu", "C++: input projection up front, then per step parallel over hidden "
+                                              "units (at::parallel_for)"),
+        Version("v1", _kernel("v1"), "cuda", "per step: 2 cuBLAS GEMMs + 1 fused gate kernel", graph=True),
+        Version("v2", _kernel("v2"), "cuda", "input projection of all steps as 1 GEMM; per step 1 GEMM + gates",
+                graph=True),
+        Version("v3", _kernel("v3"), "cuda", "persistent: W_hh in registers, 1 grid barrier per step, 1 launch",
+                dtypes=V3_DTYPES, graph=True),
+        Version("torch", gru_torch, "any", "nn.GRU (cuDNN on the GPU), fp32 without TF32", baseline=True,
+                takes_out=False, check=False, graph=True),
+        Version("torch.tf32", gru_torch_tf32, "cuda", "nn.GRU on cuDNN with TF32 (PyTorch's fp32 default)",
+                baseline=True, takes_out=False, check=False, graph=True, precision="tf32",
+                dtypes=(torch.float32,))],
+       CHECK_SHAPES, BENCH_SHAPES, CPU_BENCH_SHAPES, ALL,
+       nbytes=_nbytes, flops=_flops,
+       formula="TFLOP/s = 2·T·B·3H·(I+H)·layers / time; bytes = (x + out + h0 + h_n + weights)·sizeof(dtype)",
+       size_key="batch",
+       doc="nn.GRU forward over a sequence; the seq2seq encoder is seq 30, input 256, hidden 512"),
+]
+
+
+def _extra(name: str):
+    def run(device, record: bool = True, quick: bool = False):
+        from ..models import seq2seq
+        return getattr(seq2seq, name)(device, record=record, quick=quick)
+    return run
+
+
+register(Family(FAMILY, "GRU: nn.GRU forward (C++ CPU, per-step, hoisted, persistent) and the seq2seq model", OPS,
+                notebook="notebooks/03_gru.ipynb",
+                extras={"decoder_step": _extra("bench_decoder_step"),
+                        "greedy_decode": _extra("bench_greedy_decode")}))

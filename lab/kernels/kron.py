@@ -1,0 +1,456 @@
+"""The Kronecker-factored linear layer: y = x · (W_K ⊗ … ⊗ W_1), one factor at a time, forward and backward.
+
+factors = [W_1, …, W_K], W_k of shape (f_k, f_k); x of shape (batch, N) with N = f_1·…·f_K. Read one sample of x as
+the (f_K, …, f_1) array (row-major: f_1 is the fastest axis); then
+
+    y[j_K … j_1] = Σ_{i_K … i_1} x[i_K … i_1] · W_K[i_K, j_K] ⋯ W_1[i_1, j_1],
+
+which is `x @ torch.kron(W_K, torch.kron(…, W_1))` (the tests check exactly that) without the N×N matrix: each factor
+multiplies along its own axis, N·f_k FMAs per sample instead of N².
+
+Sources: cuda_src/kron.cu (v3, v4 and the algebra of the steps), cpp_src/kron.cpp (bindings, checks, the C++ CPU
+version). Versions:
+  cpu   C++ with at::parallel_for (the same steps as the CUDA code)
+  v1    PyTorch, naive: per factor reshape / matmul / movedim (every reshape of the moved view copies)
+  v2    PyTorch: one strided-batched GEMM per factor, the axis move folded into the operand layout (no copies)
+  v3    CUDA: one tiled kernel per factor; backward: per-factor R-step and split-K dW kernels
+  v4    CUDA: one fused kernel for all factors, each sample's state in shared memory (v3 where it does not fit)
+  full  baseline: builds the N×N matrix with torch.kron, then x @ M (what the factorisation avoids)
+
+`kron(x, factors, version)` is differentiable (autograd.Function for cpu/v3/v4, PyTorch autograd for v1/v2/full).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from typing import Sequence
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .. import build
+from ..registry import Family, Op, Version, register, version_number
+from ._common import elem_size, randn
+
+FAMILY = "kron"
+MAX_FACTORS = 16  # as in cuda_src/kron.cu
+KERNELS = ("cpu", "v3", "v4")
+TORCH_VERSIONS = ("v1", "v2", "full")
+
+
+def ext():
+    """The compiled module (built on first use; rebuilt whenever a source changed)."""
+    return build.load(FAMILY)
+
+
+# ---- inputs -------------------------------------------------------------------------------------------------------
+def parse_factors(spec: str | Sequence[int]) -> tuple[int, ...]:
+    """'128x128' or [128, 128] -> (128, 128): the factor sizes f_1, …, f_K."""
+    if isinstance(spec, str):
+        try:
+            sizes = tuple(int(s) for s in spec.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"factor sizes must look like '128x128' or '8x16x32', got {spec!r}") from None
+    else:
+        sizes = tuple(int(s) for s in spec)
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"factor sizes must be one or more positive integers, got {spec!r}")
+    return sizes
+
+
+def factors_label(sizes: Sequence[int]) -> str:
+    return "x".join(str(s) for s in sizes)
+
+
+_TNAME = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+          torch.int32: "Int", torch.int64: "Long"}
+
+
+def _tname(dt: torch.dtype) -> str:
+    return _TNAME.get(dt, str(dt).replace("torch.", ""))
+
+
+def _shape(t: torch.Tensor) -> str:
+    s = tuple(t.shape)
+    return "(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")"
+
+
+def check_inputs(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    """Validate x (batch, N) and the factors; the same errors (and messages) as the C++ boundary, for every version.
+
+    Returns the factor sizes. dtype problems raise TypeError, shapes and devices ValueError.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    if isinstance(factors, torch.Tensor):
+        raise TypeError("factors must be a list of square matrices [W_1, …, W_K], got a single tensor")
+    factors = list(factors)
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"x must be Float or Double, got {_tname(x.dtype)}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (batch, N), got {x.dim()}-D tensor of shape {_shape(x)}")
+    if not factors:
+        raise ValueError("factors must be a non-empty list of square matrices, got an empty list")
+    if len(factors) > MAX_FACTORS:
+        raise ValueError(f"at most {MAX_FACTORS} factors are supported, got {len(factors)}")
+    for i, w in enumerate(factors):
+        name = f"factors[{i}]"
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(w).__name__}")
+        if w.dtype != x.dtype:
+            raise TypeError(f"{name} must have the same dtype as x ({_tname(x.dtype)}), got {_tname(w.dtype)}")
+        if w.device != x.device:
+            raise ValueError(f"{name} must be on the same device as x ({x.device}), got {w.device}")
+        if w.dim() != 2:
+            raise ValueError(f"{name} must be 2-D (f, f), got {w.dim()}-D tensor of shape {_shape(w)}")
+        if w.shape[0] != w.shape[1]:
+            raise ValueError(f"{name} must be square (f, f), got {_shape(w)}")
+        if w.shape[0] < 1:
+            raise ValueError(f"{name} must not be empty, got {_shape(w)}")
+    sizes = tuple(int(w.shape[0]) for w in factors)
+    if math.prod(sizes) != x.shape[1]:
+        raise ValueError(f"the factor sizes {' x '.join(map(str, sizes))} multiply to {math.prod(sizes)}, but x has "
+                         f"N = {x.shape[1]} columns; x must be (batch, f_1·…·f_K)")
+    return sizes
+
+
+# ---- the reference (plain PyTorch; verify runs it in float64) -----------------------------------------------------
+def kron_ref(x: torch.Tensor, *factors: torch.Tensor) -> torch.Tensor:
+    """y = x · (W_K ⊗ … ⊗ W_1), factor by factor with tensordot, each new axis put back where its old one was.
+
+    An independent formulation (no axis cycling): the tests hold it to x @ torch.kron(...) in float64.
+    """
+    B, K = x.shape[0], len(factors)
+    sizes = [w.shape[0] for w in factors]
+    t = x.reshape(B, *reversed(sizes))  # axes: (b, i_K, …, i_1); W_k's axis sits at position K - k + 1
+    for k, w in enumerate(factors):     # k = 0 is W_1, at axis K
+        t = torch.tensordot(t, w, dims=([K - k], [0])).movedim(-1, K - k)
+    return t.reshape(B, -1)
+
+
+def kron_full_matrix(factors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """M = W_K ⊗ … ⊗ W_1, (N, N). Only for small N: 4·N² bytes (N = 16384: 1 GiB)."""
+    return functools.reduce(torch.kron, list(factors)[::-1])
+
+
+@contextlib.contextmanager
+def strict_fp32():
+    """cuBLAS may use TF32 for float32 when allowed; the PyTorch versions must compute at the kernels' precision."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+# ---- v1, v2, full: PyTorch ----------------------------------------------------------------------------------------
+def kron_v1(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Naive: per factor, multiply the last axis, then move the new axis to the front (W_1 first).
+
+    (b, …, i_k) @ W_k -> (b, …, j_k) -> movedim -> (b, j_k, …); the next reshape copies the moved view.
+    """
+    B = x.shape[0]
+    with strict_fp32():
+        for w in factors:
+            f = w.shape[0]
+            x = torch.matmul(x.reshape(B, -1, f), w)  # (B, N/f, f): contract the fastest axis
+            x = torch.movedim(x, -1, 1)                 # (B, f, N/f): the new axis goes first (a view)
+        return x.reshape(B, -1)
+
+
+def kron_v2(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One strided-batched GEMM per factor, W_K first: y_b (P, f) = x_b (f, P)ᵀ · W, written row-major.
+
+    x_b's transpose is a view cuBLAS reads as a transposed operand, W is broadcast with batch stride 0, and the GEMM's
+    row-major output is already the next factor's input: no copies between the K GEMMs (the order of cuda_src/kron.cu).
+    """
+    B, N = x.shape
+    with strict_fp32():
+        for w in reversed(factors):
+            f = w.shape[0]
+            xt = x.view(B, f, N // f).transpose(1, 2)      # (B, P, f), a view
+            x = torch.bmm(xt, w.expand(B, f, f))           # (B, P, f), contiguous
+        return x.reshape(B, N)
+
+
+def kron_full(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The baseline the factorisation avoids: build M = W_K ⊗ … ⊗ W_1 (N×N) and multiply."""
+    with strict_fp32():
+        return x @ kron_full_matrix(factors)
+
+
+PYTORCH = {"v1": kron_v1, "v2": kron_v2, "full": kron_full}
+
+
+# ---- cpu, v3, v4: the compiled code ---------------------------------------------------------------------------------
+def _default(x: torch.Tensor) -> str:
+    return "v4" if x.is_cuda else "cpu"
+
+
+def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor | None = None,
+            version: str | None = None, states: Sequence[torch.Tensor] | None = None, cfg: int = -1,
+            cols: int = 0) -> torch.Tensor:
+    """y = x · (W_K ⊗ … ⊗ W_1) into `out` with the compiled code, no autograd. x: (batch, N).
+
+    states: None, or K-1 tensors (batch, N) that receive the intermediate states F_1 … F_{K-1} (for `backward`).
+    cfg, cols: force the CUDA block configuration (0..2) and v4's slice width (kron.tune); -1 / 0 = automatic.
+    """
+    check_inputs(x, factors)
+    out = torch.empty_like(x) if out is None else out
+    return ext().forward(x, list(factors), out, list(states or []), version_number(version or _default(x)), cfg,
+                         cols)
+
+
+def backward(g: torch.Tensor, x: torch.Tensor, factors: Sequence[torch.Tensor], states: Sequence[torch.Tensor],
+             dx: torch.Tensor | None = None, dws: Sequence[torch.Tensor] | None = None,
+             version: str | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Gradients of y = x · (W_K ⊗ … ⊗ W_1) for dL/dy = g: (dx, [dW_1, …, dW_K]); states from `forward`."""
+    check_inputs(x, factors)
+    dx = torch.empty_like(x) if dx is None else dx
+    dws = [torch.empty_like(w) for w in factors] if dws is None else list(dws)
+    ext().backward(g, x, list(factors), list(states), dx, dws, version_number(version or _default(x)))
+    return dx, dws
+
+
+class KronFunction(torch.autograd.Function):
+    """autograd for the compiled versions: forward saves the K-1 intermediate states, backward runs the dW and dx
+    steps of cuda_src/kron.cu (cpp_src/kron.cpp on the CPU)."""
+
+    @staticmethod
+    def forward(ctx, x, version, cfg, cols, *factors):
+        x = x.contiguous()
+        factors = [w.contiguous() for w in factors]
+        need = any(ctx.needs_input_grad[i] for i in [0] + list(range(4, 4 + len(factors))))
+        states = [torch.empty_like(x) for _ in range(len(factors) - 1)] if need else []
+        y = torch.empty_like(x)
+        ext().forward(x, factors, y, states, version_number(version), cfg, cols)
+        if need:
+            ctx.save_for_backward(x, *factors, *states)
+            ctx.K, ctx.version = len(factors), version
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        K = ctx.K
+        saved = ctx.saved_tensors
+        x, factors, states = saved[0], list(saved[1:1 + K]), list(saved[1 + K:])
+        dx = torch.empty_like(x)
+        dws = [torch.empty_like(w) for w in factors]
+        ext().backward(g.contiguous(), x, factors, states, dx, dws, version_number(ctx.version))
+        grads = [dw if ctx.needs_input_grad[4 + k] else None for k, dw in enumerate(dws)]
+        return (dx if ctx.needs_input_grad[0] else None, None, None, None, *grads)
+
+
+def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None = None, *, cfg: int = -1,
+         cols: int = 0) -> torch.Tensor:
+    """y = x · (W_K ⊗ … ⊗ W_1), differentiable in x and every factor.
+
+    x: (batch, N); factors: [W_1, …, W_K], W_k (f_k, f_k), N = f_1·…·f_K, W_1 on the fastest axis of x.
+    version: 'v1', 'v2', 'full' (PyTorch), 'cpu', 'v3', 'v4' (compiled; default v4 on CUDA, cpu on the CPU).
+    """
+    check_inputs(x, factors)
+    version = version or _default(x)
+    if version in PYTORCH:
+        return PYTORCH[version](x, list(factors))
+    if version not in KERNELS:
+        raise ValueError(f"version must be one of {', '.join(TORCH_VERSIONS + KERNELS)}, got {version!r}")
+    return KronFunction.apply(x, version, cfg, cols, *factors)
+
+
+class KronLinear(torch.nn.Module):
+    """A linear layer N -> N whose weight is W_K ⊗ … ⊗ W_1 (Σ f_k² parameters instead of N²)."""
+
+    def __init__(self, sizes: Sequence[int], version: str | None = None, dtype=None, device=None):
+        super().__init__()
+        self.sizes, self.version = parse_factors(sizes), version
+        # each factor ~ N(0, 1/f): the product keeps unit variance through every step
+        self.factors = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.randn(f, f, dtype=dtype, device=device) / math.sqrt(f)) for f in self.sizes])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kron(x, list(self.factors), self.version)
+
+    def extra_repr(self) -> str:
+        return f"factors={factors_label(self.sizes)}, N={math.prod(self.sizes)}, version={self.version}"
+
+
+# ---- v4's launch choice, and timing the alternatives ---------------------------------------------------------------
+PLAN_FIELDS = ("fits", "cfg", "c", "slices", "smem_bytes", "blocks_per_sm", "threads", "TM", "TN", "cost",
+               "smem_limit")
+
+
+def plan(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda", cfg: int = -1,
+         cols: int = 0) -> dict:
+    """What v4 launches for this batch and factorisation: block configuration, slice width c (columns of W_K per
+    block), slices per sample, shared memory per block, resident blocks per SM; fits=0 means v4 runs v3."""
+    like = torch.empty(0, dtype=dtype, device=device)
+    info = ext().fused_plan(like, int(batch), list(parse_factors(sizes)), cfg, cols)
+    return dict(zip(PLAN_FIELDS, info))
+
+
+def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda",
+         budget_ms: float = 40.0) -> list[dict]:
+    """Time v4 for every (configuration, slice width) that fits and v3 for every configuration, against the automatic
+    choice: rows (version, cfg, c, slices, blocks_per_sm, smem_bytes, median_us, auto)."""
+    from ..bench import time_cuda
+    sizes = parse_factors(sizes)
+    g = torch.Generator().manual_seed(0)
+    x, *fs = make_forward_inputs({"batch": batch, "factors": factors_label(sizes)}, dtype, torch.device(device), g)
+    out = torch.empty_like(x)
+    auto = plan(batch, sizes, dtype, device)
+    rows = []
+
+    def timed(version, cfg, cols):
+        return time_cuda(lambda: ext().forward(x, fs, out, [], version_number(version), cfg, cols),
+                         budget_ms=budget_ms).median_us
+
+    fK = sizes[-1]
+    cs = sorted({(-(-fK // n) + 3) // 4 * 4 for n in (1, 2, 4, 8, 16, 32) if -(-fK // n) >= 1}, reverse=True)
+    for cfg in range(3):
+        for c in cs:
+            p = plan(batch, sizes, dtype, device, cfg, c)
+            if not p["fits"]:
+                continue
+            rows.append({"version": "v4", "cfg": cfg, "c": p["c"], "slices": p["slices"],
+                         "blocks_per_sm": p["blocks_per_sm"], "smem_bytes": p["smem_bytes"],
+                         "median_us": timed("v4", cfg, c),
+                         "auto": bool(auto["fits"] and auto["cfg"] == cfg and auto["c"] == p["c"])})
+    for cfg in range(3):
+        rows.append({"version": "v3", "cfg": cfg, "c": None, "slices": None, "blocks_per_sm": None,
+                     "smem_bytes": None, "median_us": timed("v3", cfg, 0), "auto": False})
+    rows.append({"version": "v4 (auto)", "cfg": auto["cfg"], "c": auto["c"], "slices": auto["slices"],
+                 "blocks_per_sm": auto["blocks_per_sm"], "smem_bytes": auto["smem_bytes"],
+                 "median_us": timed("v4", -1, 0), "auto": True})
+    return rows
+
+
+# ---- ops ----------------------------------------------------------------------------------------------------------
+def _sizes(shape: dict) -> tuple[int, ...]:
+    return parse_factors(shape["factors"])
+
+
+def make_forward_inputs(shape, dtype, device, gen):
+    """(x, W_1, …, W_K): x ~ N(0, 1), W_k ~ N(0, 1/f_k), so every step keeps unit variance."""
+    sizes = _sizes(shape)
+    x = randn((shape["batch"], math.prod(sizes)), dtype, device, gen)
+    return (x, *[randn((f, f), dtype, device, gen, scale=1 / math.sqrt(f)) for f in sizes])
+
+
+def make_train_inputs(shape, dtype, device, gen):
+    """(x, g, W_1, …, W_K): g = dL/dy."""
+    x, *fs = make_forward_inputs(shape, dtype, device, gen)
+    return (x, randn(tuple(x.shape), dtype, device, gen), *fs)
+
+
+def train_ref(x, g, *factors):
+    """(y, dx, dW_1, …, dW_K) of kron_ref, by autograd."""
+    with torch.enable_grad():
+        xr = x.detach().requires_grad_()
+        fr = [w.detach().requires_grad_() for w in factors]
+        y = kron_ref(xr, *fr)
+        grads = torch.autograd.grad(y, [xr, *fr], g)
+    return (y.detach(), *grads)
+
+
+def _train(version: str):
+    """Forward + backward through kron(): what a training step of this layer costs."""
+    def run(x, g, *factors):
+        with torch.enable_grad():
+            xr = x.detach().requires_grad_()
+            fr = [w.detach().requires_grad_() for w in factors]
+            y = kron(xr, fr, version)
+            grads = torch.autograd.grad(y, [xr, *fr], g)
+        return (y.detach(), *grads)
+    return run
+
+
+def _fwd_kernel(version: str):
+    return lambda x, *fs, out=None: forward(x, fs, out=out, version=version)
+
+
+def _fwd_torch(version: str):
+    return lambda x, *fs: PYTORCH[version](x, fs)
+
+
+def _flops(shape, dt):
+    s = _sizes(shape)
+    return 2.0 * shape["batch"] * math.prod(s) * sum(s)
+
+
+def _bytes(shape, dt):
+    s = _sizes(shape)
+    return (2.0 * shape["batch"] * math.prod(s) + sum(f * f for f in s)) * elem_size(dt)
+
+
+def state_size(sizes: Sequence[int]) -> int:
+    return math.prod(parse_factors(sizes))
+
+
+def intensity(batch: int, sizes: Sequence[int] | str, dtype=torch.float32) -> float:
+    """Arithmetic intensity of the forward: FLOP per byte of the fewest bytes moved."""
+    shape = {"batch": batch, "factors": factors_label(parse_factors(sizes))}
+    return _flops(shape, dtype) / _bytes(shape, dtype)
+
+
+IDEAS = {
+    "cpu": "C++ with at::parallel_for: the same F-steps, 64-row blocks of y kept in cache",
+    "v1": "PyTorch, naive: reshape / matmul / movedim per factor (a copy per factor)",
+    "v2": "PyTorch: one strided-batched GEMM per factor, axis move folded into the operand layout",
+    "v3": "CUDA: one tiled kernel per factor (cp.async 2-stage pipeline, 8x8 or 4x4 register tiles)",
+    "v4": "CUDA: one fused kernel, the sample's state in shared memory from W_K to W_1",
+    "full": "torch.kron builds the N×N matrix, then x @ M",
+}
+
+DT = (torch.float32, torch.float64)
+CHECK = [{"batch": b, "factors": f} for b, f in [
+    (3, "2x3"), (1, "5x7"), (5, "3x4x5"), (2, "1x6"), (4, "13x17"), (3, "32x32"), (2, "8x16x32"), (3, "128x128"),
+    (2, "2x3x2x5"), (7, "9"), (33, "12x20"), (1, "100x100x2")]]
+BATCHES = (1, 8, 32, 128, 512, 1024, 4096)
+BENCH = [{"batch": b, "factors": "128x128"} for b in BATCHES]
+BENCH_CPU = [{"batch": b, "factors": "64x64"} for b in (1, 8, 32, 128)]
+FACTORIZATIONS = ["32x32", "8x16x32", "64x64", "128x128", "256x256", "16x16x16x16", "64x64x64"]
+FORMULA = "FLOP = 2·B·N·Σf_k; bytes = (2·B·N + Σf_k²)·sizeof(dtype) (read x and the factors, write y)"
+FORMULA_TRAIN = ("FLOP = 6·B·N·Σf_k (forward + dx + dW); bytes = (4·B·N + 2·Σf_k²)·sizeof(dtype) "
+                 "(read x, dy, factors; write y, dx, dW)")
+
+
+def _versions(train: bool, full: bool = True) -> list[Version]:
+    vs = []
+    for name in KERNELS:
+        dev = "cpu" if name == "cpu" else "cuda"
+        if train:
+            vs.append(Version(name, _train(name), dev, IDEAS[name], takes_out=False, graph=name != "cpu"))
+        else:
+            vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=name == "v3"))
+    for name in TORCH_VERSIONS:
+        if name == "full" and (train or not full):
+            continue
+        fn = _train(name) if train else _fwd_torch(name)
+        # full is checked by the tests on small N only (its N×N matrix is 4·N² bytes)
+        vs.append(Version(name, fn, "any", IDEAS[name], baseline=True, takes_out=False, check=name != "full",
+                          graph=name != "full"))
+    return vs
+
+
+OPS = [
+    Op(FAMILY, "forward", make_forward_inputs, kron_ref, _versions(False), CHECK, BENCH, BENCH_CPU, DT,
+       nbytes=_bytes, flops=_flops, formula=FORMULA, size_key="batch", baseline="v2",
+       doc="y = x · (W_K ⊗ … ⊗ W_1); batch sweep at factors 128×128"),
+    Op(FAMILY, "forward_backward", make_train_inputs, train_ref, _versions(True), CHECK, BENCH, BENCH_CPU, DT,
+       nbytes=lambda s, dt: (4.0 * s["batch"] * math.prod(_sizes(s)) + 2 * sum(f * f for f in _sizes(s)))
+       * elem_size(dt),
+       flops=lambda s, dt: 3 * _flops(s, dt), formula=FORMULA_TRAIN, size_key="batch", baseline="v2",
+       doc="forward + backward (y, dx, every dW) through autograd"),
+    Op(FAMILY, "factorizations", make_forward_inputs, kron_ref, _versions(False, full=False),
+       [{"batch": 2, "factors": "4x6x8"}, {"batch": 3, "factors": "16x16x16x16"}],
+       [{"batch": 256, "factors": f} for f in FACTORIZATIONS],
+       [{"batch": 16, "factors": f} for f in ("32x32", "8x16x32", "64x64", "16x16x16")], DT,
+       nbytes=_bytes, flops=_flops, formula=FORMULA, size_key=None, baseline="v2",
+       doc="forward across factorisations at batch 256"),
+]
+
+register(Family(FAMILY, "Kronecker-factored linear layer y = x·(W_K ⊗ … ⊗ W_1): forward and backward", OPS,
+                notebook="notebooks/05_kronecker_layer.ipynb"))

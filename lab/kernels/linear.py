@@ -1,0 +1,166 @@
+"""nn.Linear's forward, y = x·Wᵀ + b: an SGEMM ladder from the naive loop to Hopper's wgmma, and a batch-1 GEMV.
+
+Sources: cuda_src/linear.cu (kernels, launchers), cpp_src/linear.cpp (bindings, named checks, the C++ CPU version).
+`linear(x, weight, bias, version=...)` takes nn.Linear's weight, (out_features, in_features), as stored; x may have
+any number of leading dims. Versions: 'cpu' (C++), 'v1'..'v8' (SIMT fp32), 'v9'/'v11' (TF32 tensor cores on fp32
+tensors), 'v10'/'v12' (bf16 tensor cores on bf16 tensors), 'v13' (GEMV, small batch).
+
+Two ops: `linear` (the ladder, square problems up to 4096³) and `fc_out` (the seq2seq decoder's output layer,
+1280 -> 5893, at batch 1 .. 128: the memory-bound GEMV end).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .. import build
+from ..registry import Family, Op, Version, register, version_number
+from ._common import elem_size, randn
+from .basics import strict_fp32
+
+FAMILY = "linear"
+FC_OUT = {"K": 1280, "N": 5893}  # the decoder's fc_out: hidden 1280 -> vocabulary 5893
+
+# version -> what it adds over the one before (the .cu header says why)
+IDEAS = {
+    "v1": "naive: one thread per output, K-loop from global memory",
+    "v2": "coalesced: one warp per output, lanes stride K (128-B loads), shuffle reduction",
+    "v3": "32x32 shared-memory tiles: each loaded element reused 32 times",
+    "v4": "1D register blocking: 64x64 tile, 8 outputs per thread",
+    "v5": "2D register blocking: 128x128 tile, 8x8 outputs per thread",
+    "v6": "vectorised: 16-B global loads along K, 16-B shared loads",
+    "v7": "warp tiling: 8x4 lanes over a 64x32 warp tile, conflict-free LDS.128",
+    "v8": "double buffering: next tile's loads in flight during this tile's FMAs",
+    "v9": "tensor cores, TF32: mma.sync m16n8k8, ldmatrix, 4-stage cp.async",
+    "v10": "tensor cores, bf16: mma.sync m16n8k16 (same kernel, bf16 operands)",
+    "v11": "Hopper wgmma TF32 (64x256x8) from TMA-filled swizzled smem, warp-specialised",
+    "v12": "Hopper wgmma bf16 (64x256x16), as v11",
+    "v13": "GEMV for small M: one warp per weight row, 16-B streaming loads",
+}
+BEST_SIMT = "v8"
+
+
+def ext():
+    """The compiled module (built on first use; rebuilt whenever a source changed)."""
+    return build.load(FAMILY)
+
+
+def default_version(x: torch.Tensor) -> str:
+    """The fastest version at the input's precision: GEMV for a few rows, else the best tiled kernel."""
+    if not x.is_cuda:
+        return "cpu"
+    hopper = torch.cuda.get_device_capability(x.device)[0] == 9
+    if x.dtype == torch.bfloat16:
+        return "v12" if hopper else "v10"
+    return "v13" if math.prod(x.shape[:-1]) <= 4 else BEST_SIMT
+
+
+# ---- wrapper ----------------------------------------------------------------------------------------------------
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           version: str | None = None) -> torch.Tensor:
+    """y = x @ weight.T + bias. x: (..., in_features), weight: (out_features, in_features), bias: (out_features,)."""
+    if out is None:
+        lead = tuple(x.shape[:-1]) if x.dim() >= 1 else ()
+        n = weight.shape[0] if weight.dim() == 2 else 0
+        out = torch.empty(*lead, n, dtype=x.dtype, device=x.device)
+    return ext().linear(x, weight, bias, out, version_number(version or default_version(x)))
+
+
+# ---- reference and baselines ------------------------------------------------------------------------------------
+def linear_ref(x, weight, bias=None):
+    return F.linear(x, weight, bias)
+
+
+@contextlib.contextmanager
+def tf32_matmul():
+    """cuBLAS in TF32 for float32 inputs: the baseline of the TF32 versions (same precision side by side)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def linear_torch(x, weight, bias=None):
+    with strict_fp32():
+        return F.linear(x, weight, bias)
+
+
+def linear_torch_tf32(x, weight, bias=None):
+    with tf32_matmul():
+        return F.linear(x, weight, bias)
+
+
+# ---- ops --------------------------------------------------------------------------------------------------------
+F32, BF16 = (torch.float32,), (torch.bfloat16,)
+PRECISION = {"v9": "tf32", "v11": "tf32"}
+DTYPES = {"v10": BF16, "v12": BF16}
+
+
+def _version(name: str) -> Version:
+    fn = lambda *a, out=None: linear(*a, out=out, version=name)  # noqa: E731
+    if name == "cpu":
+        return Version("cpu", fn, "cpu", "C++: 2x4 micro-tiles, lane-wise partial sums, 64x64 tiles in parallel",
+                       dtypes=F32)
+    return Version(name, fn, "cuda", IDEAS[name], precision=PRECISION.get(name), dtypes=DTYPES.get(name, F32))
+
+
+def _baselines() -> list[Version]:
+    return [Version("torch", linear_torch, "any", "F.linear: cuBLAS (TF32 off) / CPU BLAS", baseline=True,
+                    takes_out=False, check=False),
+            Version("torch.tf32", linear_torch_tf32, "cuda", "F.linear with TF32 on (cuBLAS TF32)", baseline=True,
+                    takes_out=False, check=False, precision="tf32", dtypes=F32)]
+
+
+def _inputs(s: dict, dt: torch.dtype, dev, g: torch.Generator) -> tuple:
+    # x: (M, K); weight: (N, K) as nn.Linear stores it, scaled by K^-1/2 like its init so y and bias are both O(1)
+    # (a dropped bias must show in the error); bias: (N,), or None where the shape says bias=0.
+    x = randn((s["M"], s["K"]), dt, dev, g)
+    w = randn((s["N"], s["K"]), dt, dev, g, scale=max(s["K"], 1) ** -0.5)
+    b = randn((s["N"],), dt, dev, g) if s.get("bias", 1) else None
+    return x, w, b
+
+
+def _nbytes(s: dict, dt: torch.dtype) -> float:
+    return (s["M"] * s["K"] + s["N"] * s["K"] + s["M"] * s["N"] + s["N"] * s.get("bias", 1)) * elem_size(dt)
+
+
+def _flops(s: dict, dt: torch.dtype) -> float:
+    return 2 * s["M"] * s["N"] * s["K"]
+
+
+def _shape(m: int, n: int, k: int, bias: int = 1) -> dict:
+    return {"M": m, "N": n, "K": k, "bias": bias}
+
+
+# Small and awkward: 1, primes, non-multiples of every tile (32, 64, 128, 256), K not a multiple of 4/8 (scalar and
+# mma.sync fallbacks) and K a multiple of 8 (16-B loads, TMA), the issue's 1000x777x513, no bias; and one shape with
+# more 128x256 tiles than an H100 has SMs (1100x3900: 144), so the wgmma kernel's 256-wide tile is checked too.
+CHECK = [_shape(*s) for s in [
+    (1, 1, 1), (1, 7, 5), (2, 3, 8, 0), (3, 5, 7), (33, 65, 17), (100, 51, 77, 0), (128, 128, 128),
+    (127, 129, 132), (257, 131, 264), (64, 1000, 3), (1000, 513, 777), (300, 520, 1024, 0), (1100, 3900, 40)]]
+FC_CHECK = [_shape(*s) for s in [(1, 5893, 1280), (1, 37, 1283, 0), (3, 300, 64), (5, 129, 1281), (1, 1, 4)]]
+
+LADDER = [f"v{i}" for i in range(1, 13)]
+OPS = [
+    Op(FAMILY, "linear", _inputs, linear_ref, [_version("cpu")] + [_version(v) for v in LADDER] + _baselines(),
+       CHECK, [_shape(n, n, n) for n in (256, 512, 1024, 2048, 4096)],
+       [_shape(n, n, n) for n in (64, 128, 256, 512)], (torch.float32, torch.bfloat16),
+       nbytes=_nbytes, flops=_flops,
+       formula="TFLOP/s = 2·M·N·K / time; bytes = (MK + NK + MN + N)·sizeof(dtype); y = x·Wᵀ + b, M = N = K",
+       size_key="M", doc="the SGEMM ladder on square problems, bias fused"),
+    Op(FAMILY, "fc_out", _inputs, linear_ref,
+       [_version("cpu")] + [_version(v) for v in ("v13", BEST_SIMT, "v9", "v11")] + _baselines(),
+       FC_CHECK, [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 2, 4, 8, 16, 32, 64, 128)],
+       [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 8, 32)], (torch.float32,),
+       nbytes=_nbytes, flops=_flops,
+       formula="GB/s = (MK + NK + MN + N)·4 B / time (at M = 1 the weight is 99.9% of it); TFLOP/s = 2·M·N·K / time",
+       size_key="M", doc="the decoder's output layer 1280 -> 5893 at batch M: GEMV (memory-bound) to GEMM"),
+]
+
+register(Family(FAMILY, "Linear: SGEMM ladder v1..v8, tensor cores (TF32/bf16, mma.sync and wgmma), GEMV", OPS,
+                notebook="notebooks/02_matmul_to_linear.ipynb"))

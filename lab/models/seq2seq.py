@@ -1,0 +1,389 @@
+"""The seq2seq GRU encoder-decoder of the course project (Cho et al. 2014 style), in plain PyTorch (`Seq2Seq`), and
+the same model with the lab's kernels swapped in, loading the same weights (`LabSeq2Seq`).
+
+    Encoder   src (src_len, batch) -> embedding -> GRU -> hidden (layers, batch, H); context = hidden[-1]
+    Decoder   one step: GRU over cat(embedded, context) (width emb + H, seq_len 1), then
+              fc_out over cat(embedded, hidden, context) (width emb + 2H) -> logits (batch, tgt_vocab)
+    Greedy    context -> hidden; token = <sos>; repeat: logits, hidden = decoder(token, hidden, context);
+              token = argmax(logits)
+
+What the lab model changes (lab/kernels/gru.py, cuda_src/gru.cu):
+- the encoder GRU is the lab's `gru` (v3, the persistent kernel, on the GPU; the C++ version on the CPU);
+- the decoder step has no torch.cat. Its weights are split by what they multiply:
+    GRU input projection  W_ih [emb | ctx] + b_ih = (E_dec W_ih_emb^T)[token] + (ctx W_ih_ctx^T + b_ih)
+                          the first term is a (vocab, 3H) table made once per model, the second once per sentence;
+    fc_out                W_fc [emb | h | ctx] + b_fc = W_fc_emb|h [emb | h] + (ctx W_fc_ctx^T + b_fc)
+                          the context's share (and the bias) once per sentence; [emb | h] is one buffer `xh` that
+                          the token gather writes on the left and the GRU gate kernel writes on the right;
+- per step: decoder_prep (argmax of the previous logits = the greedy pick, fused with the gathers of the next
+  token's embedding and input projection), h W_hh^T (cuBLAS), the gate kernel (in place into xh), and one addmm for
+  fc_out onto the per-sentence term (cuBLAS). Four launches a step, no copies.
+
+Benchmarks (`bench_decoder_step`, `bench_greedy_decode`) are the gru family's extras; `profile_breakdown` and
+`plot_breakdown` give the before/after profile of notebooks/04_seq2seq.ipynb.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import env
+from ..kernels import gru as kgru
+
+
+@dataclass(frozen=True)
+class Config:
+    src_vocab: int = 7853
+    tgt_vocab: int = 5893
+    enc_emb: int = 256
+    dec_emb: int = 256
+    hidden: int = 512
+    layers: int = 1        # encoder GRU layers; the decoder's GRU has one (its state starts at the context)
+    src_len: int = 30
+    max_len: int = 30      # greedy decoding length
+    sos: int = 1           # start-of-sentence id
+
+
+# =================================================================================================================
+# Reference model (plain PyTorch)
+# =================================================================================================================
+class Encoder(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.embedding = nn.Embedding(cfg.src_vocab, cfg.enc_emb)
+        self.rnn = nn.GRU(cfg.enc_emb, cfg.hidden, cfg.layers)
+
+    def forward(self, src):
+        embedded = self.embedding(src)            # (src_len, batch, emb)
+        outputs, hidden = self.rnn(embedded)      # (src_len, batch, H), (layers, batch, H)
+        return outputs, hidden
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.embedding = nn.Embedding(cfg.tgt_vocab, cfg.dec_emb)
+        self.rnn = nn.GRU(cfg.dec_emb + cfg.hidden, cfg.hidden)
+        self.fc_out = nn.Linear(cfg.dec_emb + 2 * cfg.hidden, cfg.tgt_vocab)
+
+    def forward(self, tokens, hidden, context):
+        # tokens: (batch,); hidden, context: (1, batch, H)
+        embedded = self.embedding(tokens.unsqueeze(0))                      # (1, batch, emb)
+        emb_con = torch.cat((embedded, context), dim=2)                     # (1, batch, emb + H)
+        output, hidden = self.rnn(emb_con, hidden)                          # (1, batch, H) each
+        output = torch.cat((embedded.squeeze(0), hidden.squeeze(0), context.squeeze(0)), dim=1)  # (batch, emb+2H)
+        return self.fc_out(output), hidden                                  # (batch, tgt_vocab), (1, batch, H)
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, cfg: Config = Config()):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+
+    def context(self, src):
+        _, hidden = self.encoder(src)
+        return hidden[-1:]                                                  # (1, batch, H)
+
+    def forward(self, src, trg):
+        """Teacher forcing: logits (len(trg), batch, tgt_vocab), trg[t] being the decoder's input at step t."""
+        context = self.context(src)
+        hidden = context
+        out = []
+        for t in range(trg.shape[0]):
+            logits, hidden = self.decoder(trg[t], hidden, context)
+            out.append(logits)
+        return torch.stack(out)
+
+    def greedy(self, src, max_len: int | None = None, return_logits: bool = False):
+        """Greedy decoding: tokens (max_len, batch) (and the logits of every step)."""
+        max_len = max_len or self.cfg.max_len
+        context = self.context(src)
+        hidden = context
+        tok = torch.full((src.shape[1],), self.cfg.sos, dtype=torch.long, device=src.device)
+        toks, logs = [], []
+        for _ in range(max_len):
+            logits, hidden = self.decoder(tok, hidden, context)
+            tok = logits.argmax(1)
+            toks.append(tok)
+            if return_logits:
+                logs.append(logits)
+        toks = torch.stack(toks)
+        return (toks, torch.stack(logs)) if return_logits else toks
+
+
+def build_model(cfg: Config = Config(), device="cpu", dtype=torch.float32, seed: int = 0) -> Seq2Seq:
+    """The reference model with PyTorch's default initialisation, seeded (the global RNG is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        m = Seq2Seq(cfg)
+    return m.to(device=device, dtype=dtype).eval()
+
+
+def random_src(cfg: Config, batch: int, device="cpu", seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.src_vocab, (cfg.src_len, batch), generator=g).to(device)   # (src_len, batch)
+
+
+# =================================================================================================================
+# The lab model
+# =================================================================================================================
+@dataclass
+class DecoderState:
+    xh: torch.Tensor       # (batch, emb + H): [embedding of the step's input token | h]; fc_out reads it whole
+    gi: torch.Tensor       # (batch, 3H): the step's GRU input projection, context and b_ih included
+    gi_ctx: torch.Tensor   # (batch, 3H): ctx W_ih_ctx^T + b_ih             (once per sentence)
+    fc_ctx: torch.Tensor   # (batch, vocab): ctx W_fc_ctx^T + b_fc          (once per sentence)
+    logits: torch.Tensor   # (batch, vocab)
+    emb: int
+
+    @property
+    def h(self) -> torch.Tensor:
+        return self.xh[:, self.emb:]          # (batch, H), row stride emb + H
+
+
+class LabSeq2Seq:
+    """`Seq2Seq` with the lab's kernels, from the same weights (a state_dict of `Seq2Seq`).
+
+    version: the encoder GRU's version ('cpu', 'v1', 'v2', 'v3'; default v3 on the GPU, cpu on the CPU).
+    """
+
+    def __init__(self, cfg: Config, state: dict, version: str | None = None):
+        self.cfg, self.version = cfg, version
+        E, H = cfg.dec_emb, cfg.hidden
+        w = {k: v.detach() for k, v in state.items()}
+        self.enc_emb = w["encoder.embedding.weight"]
+        self.enc_params = [w[f"encoder.rnn.{n}_l{l}"].contiguous() for l in range(cfg.layers)
+                           for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+        self.dec_emb = w["decoder.embedding.weight"].contiguous()                     # (vocab, E)
+        w_ih = w["decoder.rnn.weight_ih_l0"]                                          # (3H, E + H)
+        self.w_ih_ctx = w_ih[:, E:].contiguous()                                      # (3H, H)
+        self.b_ih = w["decoder.rnn.bias_ih_l0"].contiguous()
+        self.w_hh = w["decoder.rnn.weight_hh_l0"].contiguous()                        # (3H, H)
+        self.b_hh = w["decoder.rnn.bias_hh_l0"].contiguous()
+        w_fc = w["decoder.fc_out.weight"]                                             # (vocab, E + 2H)
+        self.w_fc_eh = w_fc[:, :E + H].contiguous()                                   # (vocab, E + H)
+        self.w_fc_ctx = w_fc[:, E + H:].contiguous()                                  # (vocab, H)
+        self.b_fc = w["decoder.fc_out.bias"].contiguous()
+        with kgru.precision(tf32=False):
+            # the embedding's share of the GRU input projection, for every target token: once per model
+            self.gi_table = (self.dec_emb @ w_ih[:, :E].t()).contiguous()              # (vocab, 3H)
+        if not 0 <= cfg.sos < cfg.tgt_vocab:
+            raise ValueError(f"cfg.sos = {cfg.sos} is outside the target vocabulary [0, {cfg.tgt_vocab})")
+
+    @classmethod
+    def from_model(cls, model: Seq2Seq, version: str | None = None) -> "LabSeq2Seq":
+        return cls(model.cfg, model.state_dict(), version)
+
+    @property
+    def device(self) -> torch.device:
+        return self.dec_emb.device
+
+    # ---- encoder ------------------------------------------------------------------------------------------------
+    def encode(self, src):
+        embedded = F.embedding(src, self.enc_emb)                                     # (src_len, batch, emb)
+        return kgru.gru(embedded, None, self.enc_params, version=self.version)       # out, h_n
+
+    # ---- decoder ------------------------------------------------------------------------------------------------
+    def start(self, context: torch.Tensor) -> DecoderState:
+        """Once per sentence: the context's shares of the GRU input projection and of fc_out. context: (batch, H)."""
+        B, E, H = context.shape[0], self.cfg.dec_emb, self.cfg.hidden
+        gi_ctx = torch.addmm(self.b_ih, context, self.w_ih_ctx.t())                  # (batch, 3H)
+        fc_ctx = torch.addmm(self.b_fc, context, self.w_fc_ctx.t())                  # (batch, vocab)
+        xh = torch.empty(B, E + H, dtype=context.dtype, device=context.device)
+        xh[:, E:].copy_(context)                                                      # h starts at the context
+        gi = torch.empty_like(gi_ctx)
+        return DecoderState(xh, gi, gi_ctx, fc_ctx, torch.empty_like(fc_ctx), E)
+
+    def pick(self, st: DecoderState, tokens=None, tokens_out=None) -> None:
+        """The step's input token (given, or the argmax of the previous logits) -> its embedding into xh and its
+        input projection into gi; the picked ids go to tokens_out."""
+        kgru.ext().decoder_prep(None if tokens is not None else st.logits, tokens, tokens_out, self.dec_emb,
+                                self.gi_table, st.gi_ctx, st.xh, st.gi)
+
+    def step(self, st: DecoderState, tokens=None, tokens_out=None) -> torch.Tensor:
+        """One decoder step (tokens given: teacher forcing; None: greedy from st.logits). Returns st.logits."""
+        self.pick(st, tokens, tokens_out)
+        h = st.h
+        gh = torch.mm(h, self.w_hh.t())                                               # (batch, 3H)
+        kgru.ext().gru_gates(st.gi, gh, None, self.b_hh, h, h)                        # h_t in place into xh
+        torch.addmm(st.fc_ctx, st.xh, self.w_fc_eh.t(), out=st.logits)               # fc_out, context's share added
+        return st.logits
+
+    def decoder_step(self, tokens, hidden, context):
+        """Decoder.forward's contract: tokens (batch,), hidden, context (1, batch, H) -> logits, hidden."""
+        st = self.start(context[0])
+        st.h.copy_(hidden[0])
+        logits = self.step(st, tokens=tokens)
+        return logits, st.h.unsqueeze(0)
+
+    def forward(self, src, trg):
+        """Teacher forcing, like Seq2Seq.forward: logits (len(trg), batch, vocab)."""
+        _, h_n = self.encode(src)
+        st = self.start(h_n[-1])
+        out = torch.empty(trg.shape[0], trg.shape[1], self.cfg.tgt_vocab, dtype=st.logits.dtype,
+                          device=st.logits.device)
+        for t in range(trg.shape[0]):
+            out[t] = self.step(st, tokens=trg[t])
+        return out
+
+    def greedy(self, src, max_len: int | None = None) -> torch.Tensor:
+        """Greedy decoding, like Seq2Seq.greedy: tokens (max_len, batch). No host synchronisation inside."""
+        max_len = max_len or self.cfg.max_len
+        B = src.shape[1]
+        _, h_n = self.encode(src)
+        st = self.start(h_n[-1])
+        toks = torch.empty(max_len, B, dtype=torch.long, device=src.device)
+        sos = torch.full((B,), self.cfg.sos, dtype=torch.long, device=src.device)
+        self.step(st, tokens=sos)
+        for t in range(1, max_len):
+            self.step(st, tokens_out=toks[t - 1])    # argmax of step t-1 = input of step t
+        self.pick(st, tokens_out=toks[max_len - 1])
+        return toks
+
+
+# =================================================================================================================
+# Benchmarks (the gru family's extras) and the profile breakdown
+# =================================================================================================================
+def _row(op: str, version: str, batch: int, t, base_us: float | None, device, note: str) -> dict:
+    from .. import results
+    return {"family": "gru", "op": op, "version": version, "shape": f"batch={batch}", "size": batch,
+            "dtype": "float32", "precision": "float32", "mode": t.mode, "median_us": t.median_us, "p20_us": t.p20_us,
+            "p80_us": t.p80_us, "reps": t.reps, "baseline": "reference",
+            "speedup": base_us / t.median_us if base_us else None, "note": note, **results.stamp(device)}
+
+
+def _bench(name: str, fns: dict, batch: int, device, note: str, flush: bool) -> list[dict]:
+    """Time each fn eagerly and (on the GPU) replayed from a CUDA graph; speedups against the reference in the
+    same launch mode."""
+    from ..bench import time_fn
+    dev = torch.device(device)
+    modes = [False, True] if dev.type == "cuda" else [False]
+    rows = []
+    for graph in modes:
+        base = None
+        for version, fn in fns.items():
+            try:
+                with kgru.precision(tf32=False):
+                    t = time_fn(fn, dev, graph=graph, flush=flush)
+            except RuntimeError as e:  # e.g. a launch that cannot be captured: say so, keep going
+                print(f"[lab] {name} {version} batch={batch} ({'graph' if graph else 'eager'}) failed: {e}",
+                      flush=True)
+                continue
+            if version == "reference":
+                base = t.median_us
+            rows.append(_row(name, version, batch, t, base, dev, note + "; speedup vs reference in the same mode"))
+            print(f"[lab] gru.{name} {version:<10} batch={batch:<4} {t.median_us:10.2f} us ({t.mode})", flush=True)
+    return rows
+
+
+def _batches(device, quick: bool) -> tuple[int, ...]:
+    return (1, 128) if torch.device(device).type == "cuda" else (1,)
+
+
+def bench_decoder_step(device, record: bool = True, quick: bool = False, cfg: Config = Config()) -> list[dict]:
+    """One decoder step, reference (embedding, 2 cats, cuDNN GRU, Linear) against the lab's (4 launches, the
+    context's shares precomputed once per sentence). L2 warm: in a decoding loop the weights stay in L2."""
+    rows = []
+    for B in _batches(device, quick):
+        model = build_model(cfg, device)
+        lab = LabSeq2Seq.from_model(model)
+        g = torch.Generator().manual_seed(B)
+        tokens = torch.randint(0, cfg.tgt_vocab, (B,), generator=g).to(device)
+        hidden = (torch.randn(1, B, cfg.hidden, generator=g) * 0.5).to(device)
+        context = (torch.randn(1, B, cfg.hidden, generator=g) * 0.5).to(device)
+        with kgru.precision(tf32=False):
+            st = lab.start(context[0])
+        st.h.copy_(hidden[0])
+        with torch.no_grad():
+            rows += _bench("decoder_step", {"reference": lambda: model.decoder(tokens, hidden, context),
+                                            "lab": lambda: lab.step(st, tokens=tokens)}, B, device,
+                           "fp32 without TF32; L2 warm; lab: per-sentence context terms precomputed", flush=False)
+    if record and rows:
+        from .. import results
+        results.append(rows)
+    return rows
+
+
+def bench_greedy_decode(device, record: bool = True, quick: bool = False, cfg: Config = Config()) -> list[dict]:
+    """Greedy decoding of 30 tokens end to end (encoder included), reference against the lab model."""
+    rows = []
+    for B in _batches(device, quick):
+        model = build_model(cfg, device)
+        lab = LabSeq2Seq.from_model(model)
+        src = random_src(cfg, B, device)
+        with torch.no_grad():
+            rows += _bench("greedy_decode", {"reference": lambda: model.greedy(src),
+                                             "lab": lambda: lab.greedy(src)}, B, device,
+                           f"fp32 without TF32; src_len {cfg.src_len}, {cfg.max_len} tokens; L2 flushed", flush=True)
+    if record and rows:
+        from .. import results
+        results.append(rows)
+    return rows
+
+
+def phases(model: Seq2Seq, lab: LabSeq2Seq, batch: int, device) -> dict[str, tuple]:
+    """(reference fn, lab fn) for the encoder, one decoder step and a greedy decode, on random inputs."""
+    cfg = model.cfg
+    src = random_src(cfg, batch, device)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.tgt_vocab, (batch,), generator=g).to(device)
+    hidden = (torch.randn(1, batch, cfg.hidden, generator=g) * 0.5).to(device)
+    st = lab.start(hidden[0])
+    return {
+        "encoder": (lambda: model.encoder(src), lambda: lab.encode(src)),
+        "decoder step": (lambda: model.decoder(tokens, hidden, hidden), lambda: lab.step(st, tokens=tokens)),
+        "greedy decode": (lambda: model.greedy(src), lambda: lab.greedy(src)),
+    }
+
+
+def profile_breakdown(device, batch: int = 128, cfg: Config = Config(), reps: int = 3) -> dict[str, dict]:
+    """Self device time per operator (us per call, torch.profiler) for each phase, reference ('before') and lab
+    ('after'): {phase: {"before": {op: us}, "after": {op: us}}}. CPU time on a machine without a GPU."""
+    from .. import profile
+    dev = torch.device(device)
+    model = build_model(cfg, dev)
+    lab = LabSeq2Seq.from_model(model)
+    out = {}
+    with torch.no_grad(), kgru.precision(tf32=False):
+        for phase, fns in phases(model, lab, batch, dev).items():
+            out[phase] = {"before": profile.op_times(fns[0], dev.type, reps=reps),
+                          "after": profile.op_times(fns[1], dev.type, reps=reps)}
+    return out
+
+
+def plot_breakdown(breakdown: dict[str, dict], title: str = "", top: int = 8, name: str = "gru_seq2seq_profile"):
+    """Horizontal bars of time per operator, before (reference) and after (lab), one panel per phase; saved under
+    results/plots/. Operators past the top few are summed into 'other'."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    phases_ = list(breakdown)
+    fig, axes = plt.subplots(len(phases_), 2, figsize=(13, 3.2 * len(phases_)), squeeze=False)
+    for i, ph in enumerate(phases_):
+        for k, when in enumerate(("before", "after")):
+            ax = axes[i][k]
+            times = breakdown[ph][when]
+            items = list(times.items())[:top]
+            rest = sum(v for _, v in list(times.items())[top:])
+            if rest > 0:
+                items.append(("other", rest))
+            labels = [(n if len(n) < 48 else n[:45] + "...") for n, _ in items][::-1]
+            vals = [v for _, v in items][::-1]
+            ax.barh(labels, vals, color="0.6" if when == "before" else "C0")
+            ax.set_title(f"{ph}: {'reference' if when == 'before' else 'lab'} "
+                         f"({sum(times.values()):.0f} us of operator time)", fontsize=9)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.set_xlabel("self time per call (us)", fontsize=8)
+    fig.suptitle(title or "seq2seq: time per operator, before and after", fontsize=11)
+    fig.tight_layout()
+    out = env.RESULTS / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
