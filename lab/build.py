@@ -276,7 +276,7 @@ def _heartbeat(what: str, verbose: bool):
     t0 = time.perf_counter()
 
     def beat():
-        while not stop.wait(5.0):
+        while not stop.wait(10.0):
             print(f"[lab]   ... still building {what} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     th = threading.Thread(target=beat, daemon=True) if verbose else None

@@ -257,7 +257,7 @@ class BackwardOf:
 
 
 # ---- ops --------------------------------------------------------------------------------------------------------
-def _shape(batch, heads, seq, head_dim, offset=0, layout="bhsd", pairs="half", kv_heads=None) -> dict:
+def make_shape(batch, heads, seq, head_dim, offset=0, layout="bhsd", pairs="half", kv_heads=None) -> dict:
     s = {"batch": batch, "heads": heads}
     if kv_heads is not None:
         s["kv_heads"] = kv_heads
@@ -336,64 +336,64 @@ FORMULA = "GB/s = (2·numel·sizeof(dtype) + 2·seq·(head_dim/2)·4) / time (re
 FORMULA_QK = "GB/s = (2·(numel_q + numel_k)·sizeof(dtype) + cos/sin rows) / time; FLOP = 3 per element"
 
 CHECK_ONE = [
-    _shape(1, 1, 1, 2),
-    _shape(2, 3, 5, 6),                                   # head_dim/2 = 3: no 16-byte vectors -> v1's path
-    _shape(1, 2, 7, 10, 4, "bshd", "interleaved"),
-    _shape(3, 5, 17, 64, 11, "bshd"),
-    _shape(2, 4, 33, 128, 100),
-    _shape(1, 3, 9, 96, 3, "bshd", "interleaved"),
-    _shape(2, 2, 13, 80, 0, "bhsd", "interleaved"),       # 5 lanes of 16 bytes per bf16 half row
-    _shape(1, 1, 31, 256),
-    _shape(1, 7, 1, 128, 2047, "bshd"),                   # one decoding step deep into the cache
-    _shape(2, 6, 19, 18, 5, "bhsd", "interleaved"),
-    _shape(1, 9, 3, 8, 0, "bshd"),
-    _shape(4, 5, 2, 16, 1),
+    make_shape(1, 1, 1, 2),
+    make_shape(2, 3, 5, 6),                                 # head_dim/2 = 3: no 16-byte vectors -> v1's path
+    make_shape(1, 2, 7, 10, 4, "bshd", "interleaved"),
+    make_shape(3, 5, 17, 64, 11, "bshd"),
+    make_shape(2, 4, 33, 128, 100),
+    make_shape(1, 3, 9, 96, 3, "bshd", "interleaved"),
+    make_shape(2, 2, 13, 80, 0, "bhsd", "interleaved"),     # 5 lanes of 16 bytes per bf16 half row
+    make_shape(1, 1, 31, 256),
+    make_shape(1, 7, 1, 128, 2047, "bshd"),                 # one decoding step deep into the cache
+    make_shape(2, 6, 19, 18, 5, "bhsd", "interleaved"),
+    make_shape(1, 9, 3, 8, 0, "bshd"),
+    make_shape(4, 5, 2, 16, 1),
 ]
 CHECK_QK = [
-    _shape(1, 1, 1, 2, kv_heads=1),
-    _shape(2, 8, 5, 64, kv_heads=2),
-    _shape(1, 4, 7, 32, 3, "bshd", "interleaved", kv_heads=1),
-    _shape(3, 5, 9, 6, 1, "bshd", kv_heads=5),
-    _shape(2, 6, 17, 128, 40, "bhsd", "interleaved", kv_heads=3),
-    _shape(1, 32, 3, 128, 1000, "bshd", kv_heads=8),
-    _shape(2, 3, 33, 80, kv_heads=1),
+    make_shape(1, 1, 1, 2, kv_heads=1),
+    make_shape(2, 8, 5, 64, kv_heads=2),
+    make_shape(1, 4, 7, 32, 3, "bshd", "interleaved", kv_heads=1),
+    make_shape(3, 5, 9, 6, 1, "bshd", kv_heads=5),
+    make_shape(2, 6, 17, 128, 40, "bhsd", "interleaved", kv_heads=3),
+    make_shape(1, 32, 3, 128, 1000, "bshd", kv_heads=8),
+    make_shape(2, 3, 33, 80, kv_heads=1),
 ]
-CHECK_DECODE = [_shape(b, h, 1, d, off, "bshd", pairs, kv_heads=kv) for b, h, kv, d, off, pairs in
+CHECK_DECODE = [make_shape(b, h, 1, d, off, "bshd", pairs, kv_heads=kv) for b, h, kv, d, off, pairs in
                 [(1, 4, 1, 64, 0, "half"), (3, 8, 2, 128, 517, "half"), (2, 6, 6, 34, 9, "interleaved"),
                  (5, 32, 8, 128, 4095, "interleaved")]]
 
 SEQS = (128, 256, 512, 1024, 2048, 4096)
-BENCH_ONE = [_shape(8, 32, s, 128) for s in SEQS]                    # the issue's shape at seq 2048
-BENCH_QK = [_shape(8, 32, s, 128, kv_heads=32) for s in (512, 2048, 4096)]
-BENCH_BWD = [_shape(8, 32, s, 128) for s in (512, 2048, 4096)]
-BENCH_DECODE = [_shape(b, 32, 1, 128, 4095, "bshd", kv_heads=8) for b in (1, 8, 32, 128)]   # Llama-3-8B heads
+BENCH_ONE = [make_shape(8, 32, s, 128) for s in SEQS]                    # the issue's shape at seq 2048
+BENCH_QK = [make_shape(8, 32, s, 128, kv_heads=32) for s in (512, 2048, 4096)]
+BENCH_BWD = [make_shape(8, 32, s, 128) for s in (512, 2048, 4096)]
+BENCH_DECODE = [make_shape(b, 32, 1, 128, 4095, "bshd", kv_heads=8) for b in (1, 8, 32, 128)]   # Llama-3-8B heads
 DT = (torch.float32, torch.float16, torch.bfloat16)
 
 OPS = [
     Op(FAMILY, "rope", make_rope, rope_ref,
        _kernel_versions(rope, IDEAS)
        + _baselines(rope_torch, rope_torch_compile, "x·cos + rotate_half(x)·sin (float32 tables)"),
-       CHECK_ONE, BENCH_ONE, [_shape(2, 8, s, 128) for s in (128, 512)], DT,
+       CHECK_ONE, BENCH_ONE, [make_shape(2, 8, s, 128) for s in (128, 512)], DT,
        nbytes=_bytes_one, flops=lambda s, dt: 3 * _numel(s, s["heads"]), formula=FORMULA, size_key="seq",
        doc="one tensor, forward"),
     Op(FAMILY, "rope_qk", make_qk, rope_qk_ref,
        _kernel_versions(rope_qk, IDEAS_QK)
        + _baselines(rope_qk_torch, rope_qk_torch_compile, "rotate_half on q and k"),
-       CHECK_QK, BENCH_QK, [_shape(2, 8, s, 128, kv_heads=8) for s in (128, 512)], DT,
+       CHECK_QK, BENCH_QK, [make_shape(2, 8, s, 128, kv_heads=8) for s in (128, 512)], DT,
        nbytes=_bytes_qk, flops=lambda s, dt: 3 * (_numel(s, s["heads"]) + _numel(s, s["kv_heads"])),
        formula=FORMULA_QK, size_key="seq", doc="queries and keys, forward"),
     Op(FAMILY, "rope_bwd", make_bwd, rope_backward_ref,
        _kernel_versions(lambda g, x, *a, out=None, version=None: rope_backward(g, *a, out=out, version=version),
                         IDEAS)
        + _baselines(BackwardOf(None), BackwardOf("rope"), "autograd backward of rotate_half"),
-       CHECK_ONE[:6], BENCH_BWD, [_shape(2, 8, s, 128) for s in (128, 512)], DT,
+       CHECK_ONE[:6], BENCH_BWD, [make_shape(2, 8, s, 128) for s in (128, 512)], DT,
        nbytes=_bytes_one, flops=lambda s, dt: 3 * _numel(s, s["heads"]),
        formula=FORMULA.replace("read x, write y", "read dL/dy, write dL/dx"), size_key="seq",
        doc="one tensor, backward: dL/dx = dL/dy rotated by -angle"),
     Op(FAMILY, "rope_decode", make_qk, rope_qk_ref,
        _kernel_versions(rope_qk, IDEAS_QK, graph=True)
        + _baselines(rope_qk_torch, rope_qk_torch_compile, "rotate_half on q and k", graph=True),
-       CHECK_DECODE, BENCH_DECODE, [_shape(b, 32, 1, 128, 4095, "bshd", kv_heads=8) for b in (1, 8)], DT,
+       CHECK_DECODE, BENCH_DECODE, [make_shape(b, 32, 1, 128, 4095, "bshd", kv_heads=8) for b in (1, 8)], DT,
        nbytes=_bytes_qk, flops=lambda s, dt: 3 * (_numel(s, s["heads"]) + _numel(s, s["kv_heads"])),
        formula=FORMULA_QK, size_key="batch",
        doc="one decoding step: q, k of one new token per sequence at position 4095, (batch, 1, heads, 128)"),
@@ -410,7 +410,7 @@ def compile_time(device, record: bool = True, quick: bool = False) -> list[dict]
         return []
     import torch._dynamo
     import torch._inductor.config as inductor_config
-    s = _shape(8, 32, 2048, 128, kv_heads=32)
+    s = make_shape(8, 32, 2048, 128, kv_heads=32)
     dt = torch.bfloat16
     cases = {
         "rope": lambda i: rope_torch_compile(*i[:1], *i[2:]),

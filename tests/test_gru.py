@@ -1,0 +1,225 @@
+"""GRU family: every version against nn.GRU (float64, same weights) on odd sizes, several seeds and layers, with and
+without h0, seq_len 1; float64 to ~1e-12; CUDA graphs and determinism of the persistent kernel; the decoder-step
+pieces (gates, argmax + gathers); bad input gives an error that names the argument."""
+import math
+
+import pytest
+import torch
+
+from lab import registry, verify
+from lab.kernels import gru as kgru
+
+from conftest import devices, needs_gpu
+
+OP = registry.get("gru").op("gru")
+
+
+def _inputs(T, B, I, H, L=1, h0=True, dtype=torch.float32, device="cpu", seed=0):
+    return kgru.make_inputs({"seq": T, "batch": B, "input": I, "hidden": H, "layers": L, "h0": int(h0)}, dtype,
+                            device, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", OP.dtypes, ids=str)
+def test_every_version_matches_nn_gru(device, dtype):
+    # CPU (CI, 2 cores): two seeds; the float64 nn.GRU reference dominates the time
+    rs = verify.check_op(OP, device, dtypes=[dtype], seeds=(0, 1) if device == "cpu" else (0, 1, 2))
+    assert rs, "no version ran"
+    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3"})
+    bad = [r.details() for r in rs if not r.passed]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 1), (5, 3, 77, 200, 2), (3, 4, 9, 17, 3)])
+def test_float64_matches_nn_gru_to_rounding(device, shape):
+    # in float64 the only difference from nn.GRU is summation order: ~1e-15, so any indexing slip shows
+    x, h0, params = _inputs(*shape, dtype=torch.float64, device=device, seed=4)
+    ref = kgru.gru_ref(x, h0, params)
+    for v in (["cpu"] if device == "cpu" else ["v1", "v2"]):
+        verify.assert_close(kgru.gru(x, h0, params, version=v), ref, torch.float64, what=v)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_no_h0_is_zeros(device):
+    x, _, params = _inputs(4, 3, 5, 7, L=2, device=device)
+    zeros = torch.zeros(2, 3, 7, device=device)
+    for v in (["cpu"] if device == "cpu" else ["v1", "v2", "v3"]):
+        a, b = kgru.gru(x, None, params, version=v), kgru.gru(x, zeros, params, version=v)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert torch.equal(a[1][-1], a[0][-1]), "h_n of the last layer must be the last output step"
+
+
+@needs_gpu
+@pytest.mark.parametrize("B", [1, 8, 128, 256])
+def test_encoder_shape_all_versions_within_fp32(B):
+    # the seq2seq encoder: seq 30, input 256, hidden 512 (v3: 32 hidden slices x up to 4 batch slices)
+    x, h0, params = _inputs(30, B, 256, 512, h0=False, device="cuda", seed=B)
+    ref = kgru.gru_ref(*verify.upcast((x, h0, params)))
+    for v in ("v1", "v2", "v3"):
+        verify.assert_close(kgru.gru(x, h0, params, version=v), ref, torch.float32, what=v)
+
+
+@needs_gpu
+def test_v3_plan_splits_hidden_512_over_the_chip():
+    for B in (1, 8, 64, 128, 256):
+        p = kgru.v3_plan(B, 512)
+        assert p["status"] == 0, p
+        assert p["units_per_block"] * p["hidden_slices"] >= 512
+        assert p["blocks"] <= p["max_coresident"]
+        assert p["batch_slices"] * p["rows_per_block"] >= B
+    assert kgru.v3_plan(1, 2048)["status"] == 1
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", kgru.V3_DTYPES, ids=str)
+def test_v3_is_deterministic(dtype):
+    # a missing barrier shows up as run-to-run differences on the same inputs
+    x, h0, params = _inputs(12, 67, 40, 200, L=2, dtype=dtype, device="cuda", seed=7)
+    a = kgru.gru(x, h0, params, version="v3")
+    for _ in range(3):
+        b = kgru.gru(x, h0, params, version="v3")
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@needs_gpu
+@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+def test_cuda_graph_replay_matches_eager(version):
+    x, h0, params = _inputs(6, 16, 32, 64, L=2, device="cuda", seed=2)
+    out = (torch.empty(6, 16, 64, device="cuda"), torch.empty(2, 16, 64, device="cuda"))
+    from lab.bench import capture_graph
+    g = capture_graph(lambda: kgru.gru(x, h0, params, out=out, version=version))
+    x2, h02, _ = _inputs(6, 16, 32, 64, L=2, device="cuda", seed=3)
+    x.copy_(x2)
+    h0.copy_(h02)
+    g.replay()
+    torch.cuda.synchronize()
+    want = kgru.gru(x2, h02, params, version=version)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+# ---- the decoder-step pieces --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", devices())
+def test_gates_in_place_on_strided_rows_match_gru_cell(device):
+    # h lives in the right half of an [emb | h] buffer (row stride E + H), updated in place, like the decoder does
+    g = torch.Generator().manual_seed(0)
+    B, I, H, E = 5, 13, 11, 7
+    dt = torch.float64
+    cell = torch.nn.GRUCell(I, H, dtype=dt)
+    x = torch.randn(B, I, generator=g, dtype=dt)
+    xh = torch.randn(B, E + H, generator=g, dtype=dt)
+    want = cell(x, xh[:, E:].clone()).detach()
+    cell, x, xh = cell.to(device), x.to(device), xh.to(device)
+    left = xh[:, :E].clone()
+    with torch.no_grad():
+        gi = x @ cell.weight_ih.t()
+        gh = xh[:, E:] @ cell.weight_hh.t()
+        kgru.ext().gru_gates(gi, gh, cell.bias_ih, cell.bias_hh, xh[:, E:], xh[:, E:])
+    verify.assert_close(xh[:, E:], want, dt)
+    assert torch.equal(xh[:, :E], left), "gates wrote outside h"
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_decoder_prep_argmax_and_gathers(device, dtype):
+    g = torch.Generator().manual_seed(1)
+    B, V, E, G = 6, 37, 5, 9
+    logits = torch.randn(B, V, generator=g, dtype=dtype)
+    logits[1, 3] = logits[1, 20] = logits[1].max() + 1     # a tie: the first index wins, like torch.argmax
+    logits[2, 30] = math.nan                                # NaN is the largest value for torch.argmax
+    logits[3, :] = 0.5                                      # all equal
+    emb = torch.randn(V, E, generator=g, dtype=dtype)
+    gtab = torch.randn(V, G, generator=g, dtype=dtype)
+    gctx = torch.randn(B, G, generator=g, dtype=dtype)
+    want = logits.argmax(1)
+    assert want[1] == 3 and want[2] == 30 and want[3] == 0
+    logits, emb, gtab, gctx = (t.to(device) for t in (logits, emb, gtab, gctx))
+    xh = torch.full((B, E + 4), math.nan, dtype=dtype, device=device)
+    gi = torch.full((B, G), math.nan, dtype=dtype, device=device)
+    tok = torch.full((B,), -7, dtype=torch.long, device=device)
+    kgru.ext().decoder_prep(logits, None, tok, emb, gtab, gctx, xh, gi)
+    assert torch.equal(tok.cpu(), want)
+    w = want.to(device)
+    torch.testing.assert_close(xh[:, :E], emb[w], rtol=0, atol=0)
+    assert torch.isnan(xh[:, E:]).all(), "prep wrote past the embedding columns"
+    torch.testing.assert_close(gi, gtab[w] + gctx, rtol=0, atol=0)
+    # given tokens instead of logits
+    given = torch.tensor([0, 36, 5, 5, 1, 2], device=device)
+    kgru.ext().decoder_prep(None, given, None, emb, gtab, gctx, xh, gi)
+    torch.testing.assert_close(xh[:, :E], emb[given], rtol=0, atol=0)
+
+
+@needs_gpu
+def test_decoder_prep_out_of_range_token_poisons_the_row_on_gpu():
+    # a device assert would kill the process; the kernel writes NaN instead (the CPU version raises)
+    V, E, G = 10, 4, 6
+    emb, gtab = torch.randn(V, E, device="cuda"), torch.randn(V, G, device="cuda")
+    gctx = torch.zeros(2, G, device="cuda")
+    xh, gi = torch.zeros(2, E, device="cuda"), torch.zeros(2, G, device="cuda")
+    kgru.ext().decoder_prep(None, torch.tensor([3, 99], device="cuda"), None, emb, gtab, gctx, xh, gi)
+    assert torch.isnan(xh[1]).all() and torch.isnan(gi[1]).all()
+    torch.testing.assert_close(xh[0], emb[3])
+
+
+# ---- bad input --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", devices())
+def test_bad_input_names_the_argument(device):
+    v = "v2" if device == "cuda" else "cpu"
+    x, h0, params = _inputs(3, 2, 5, 4, L=1, device=device)
+    p = list(params)
+    with pytest.raises(ValueError, match=r"x must be 3-D \(seq_len, batch, input_size\), got 2-D"):
+        kgru.gru(x[0], h0, p, version=v)
+    with pytest.raises(ValueError, match=r"input size mismatch: x has input_size 6 but params\[0\] \(w_ih of layer 0\)"
+                                         r" has shape \(12, 5\)"):
+        kgru.gru(torch.randn(3, 2, 6, device=device), h0, p, version=v)
+    with pytest.raises(ValueError, match=r"params\[1\] \(w_hh of layer 0\) must have shape \(3\*hidden, hidden\) = "
+                                         r"\(12, 4\), got \(13, 4\)"):
+        kgru.gru(x, h0, [p[0], torch.randn(13, 4, device=device), p[2], p[3]], version=v)
+    with pytest.raises(ValueError, match=r"params\[3\] \(b_hh of layer 0\) must have shape \(3\*hidden,\) = \(12,\)"):
+        kgru.gru(x, h0, p[:3] + [torch.randn(11, device=device)], version=v)
+    with pytest.raises(ValueError, match=r"h0 must have shape \(num_layers, batch, hidden\) = \(1, 2, 4\), "
+                                         r"got \(2, 2, 4\)"):
+        kgru.gru(x, torch.randn(2, 2, 4, device=device), p, version=v)
+    with pytest.raises(ValueError, match=r"params must hold 4 tensors per layer"):
+        kgru.gru(x, h0, p + p[:1], version=v)
+    with pytest.raises(TypeError, match=r"x must be Float or Double or Half or BFloat16, got Int"):
+        kgru.gru(x.int(), h0, p, version=v)
+    with pytest.raises(TypeError, match=r"params\[2\] \(b_ih of layer 0\) must have the same dtype as x \(Float\), "
+                                        r"got Double"):
+        kgru.gru(x, h0, p[:2] + [p[2].double(), p[3]], version=v)
+    with pytest.raises(TypeError, match=r"h0 must have the same dtype as x"):
+        kgru.gru(x, h0.half(), p, version=v)
+    with pytest.raises(ValueError, match=r"params\[0\] \(w_ih of layer 0\) must be contiguous"):
+        kgru.gru(x, h0, [p[0].t().contiguous().t()] + p[1:], version=v)
+    with pytest.raises(ValueError, match=r"x must have seq_len, batch and input_size >= 1"):
+        kgru.gru(x[:0], h0[:, :0], p, version=v)
+    with pytest.raises(ValueError, match=r"out must have shape \(seq_len, batch, hidden\) = \(3, 2, 4\)"):
+        kgru.gru(x, h0, p, out=(torch.empty(3, 2, 5, device=device), torch.empty(1, 2, 4, device=device)),
+                 version=v)
+    with pytest.raises(ValueError, match=r"gi must have shape \(batch, 3\*hidden\) = \(2, 12\)"):
+        kgru.ext().gru_gates(torch.zeros(2, 11, device=device), None, None, p[3], None,
+                             torch.zeros(2, 4, device=device))
+    with pytest.raises(ValueError, match=r"decoder_prep takes exactly one of logits"):
+        kgru.ext().decoder_prep(None, None, None, *(torch.zeros(3, 3, device=device) for _ in range(5)))
+
+
+def test_cpu_tensors_refuse_cuda_versions_and_bad_tokens():
+    x, h0, params = _inputs(2, 2, 3, 4)
+    with pytest.raises(ValueError, match=r"version 3 is a CUDA kernel but x is on the CPU"):
+        kgru.gru(x, h0, params, version="v3")
+    emb, gtab, gctx = torch.zeros(5, 2), torch.zeros(5, 3), torch.zeros(1, 3)
+    with pytest.raises(ValueError, match=r"tokens\[0\] = 9 is outside the vocabulary \[0, 5\)"):
+        kgru.ext().decoder_prep(None, torch.tensor([9]), None, emb, gtab, gctx, torch.zeros(1, 2), torch.zeros(1, 3))
+
+
+@needs_gpu
+def test_cuda_bad_input():
+    x, h0, params = _inputs(3, 2, 5, 4, device="cuda")
+    with pytest.raises(ValueError, match=r"params\[1\] \(w_hh of layer 0\) must be on the same device as x "
+                                         r"\(cuda:0\), got cpu"):
+        kgru.gru(x, h0, [params[0], params[1].cpu(), params[2], params[3]], version="v2")
+    with pytest.raises(TypeError, match=r"gru v3 supports Float, Half and BFloat16, got Double"):
+        kgru.gru(x.double(), h0.double(), [p.double() for p in params], version="v3")
+    xb, _, pb = _inputs(2, 2, 3, 2048, device="cuda")
+    with pytest.raises(ValueError, match=r"hidden <= 1024.*use v2"):
+        kgru.gru(xb, None, pb, version="v3")
