@@ -177,7 +177,7 @@ def _measure_ceilings(device: torch.device) -> dict:
     del src, dst
     gemm = {}
     size = 8192 if cuda else 1024
-    precisions = ["float32", "tf32", "bfloat16", "float16"] if cuda else ["float32"]
+    precisions = ["float64", "float32", "tf32", "bfloat16", "float16"] if cuda else ["float64", "float32"]
     for p in precisions:
         dt = torch.float32 if p in ("float32", "tf32") else getattr(torch, p)
         a = torch.randn(size, size, device=device, generator=gen).to(dt)
@@ -198,9 +198,14 @@ def _measure_ceilings(device: torch.device) -> dict:
     return out
 
 
-def peak_for(ceil: dict, dtype: torch.dtype, precision: str | None) -> float | None:
-    """The matrix-product ceiling a version is held against (TF32 versions against the TF32 rate)."""
-    return ceil.get("gemm_tflops", {}).get(precision or dtype_name(dtype))
+def peak_for(ceil: dict, dtype: torch.dtype, precision: str | None, kind: str | None = "gemm") -> float | None:
+    """The compute ceiling a version is held against: cuBLAS at its precision (TF32 versions against the TF32
+    rate) for kind 'gemm', the FP32 FMA probe for 'fma', none for memory-bound ops (kind None)."""
+    if kind == "fma":
+        return ceil.get("fma_tflops")
+    if kind == "gemm":
+        return ceil.get("gemm_tflops", {}).get(precision or dtype_name(dtype))
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -243,7 +248,7 @@ def bench_op(op: Op, device: torch.device | str, dtypes=None, versions=None, sha
             sec = t.median_us * 1e-6
             gbps = nb / sec / 1e9 if nb else None
             tflops = fl / sec / 1e12 if fl else None
-            peak = peak_for(ceil, dtype, v.precision)
+            peak = peak_for(ceil, dtype, v.precision, op.compute_ceiling)
             if v.name == op.baseline and not use_graph:
                 base_us[key] = t.median_us
             row = {

@@ -62,6 +62,8 @@ class Op:
     nbytes: Callable[[dict, torch.dtype], float] | None = None   # fewest bytes moved through memory
     flops: Callable[[dict, torch.dtype], float] | None = None    # floating-point operations (an FMA is 2)
     formula: str = ""                      # the byte/FLOP formulas in words, printed on every figure
+    compute_ceiling: str | None = None     # "gemm" (cuBLAS at the version's precision) or "fma" (FP32 FMA probe):
+                                           # what %peak is a fraction of; None for memory-bound ops
     size_key: str | None = None            # the shape entry plotted on the x axis of time-against-size
     baseline: str = "torch"                # the version speedups are measured against
     doc: str = ""

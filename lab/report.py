@@ -42,10 +42,9 @@ def run(args) -> int:
         _say(f"BUILD FAILED {e}")
         skipped.append(f"{f}: build failed ({e.summary.splitlines()[0]})")
     fams = [f for f in fams if f.name not in broken]
-    build_rows = []
     if not args.quick and "basics" in [f.name for f in fams]:
         try:
-            build_rows = build.measure_times("basics")
+            build.measure_times("basics")
         except build.BuildError as e:
             skipped.append(f"build-time figures: {e}")
 
@@ -57,6 +56,7 @@ def run(args) -> int:
         for d in devices:
             for op in fam.ops:
                 rs = verify.check_op(op, d, seeds=range(2 if args.quick else 3))
+                verify.record(rs, fam.name, d)
                 checks += rs
                 _say(f"  check {fam.name}.{op.name} on {d.type}: {sum(r.passed for r in rs)}/{len(rs)} passed")
     failed = [r for r in checks if not r.passed]
@@ -102,9 +102,9 @@ def run(args) -> int:
     # 5. plots + summary
     _say("[5/5] plots and summary ...")
     figs = plot.plot_all(m["device_name"]) if rows else []
-    path = write_summary(fams, checks, rows, build_rows, skipped, m, time.perf_counter() - t_start)
+    path = write_summary(skipped)
     _say(f"{len(checks) - len(failed)}/{len(checks)} checks passed; {len(rows)} timings; {len(figs)} figures; "
-         f"summary in {path.relative_to(env.ROOT) if path.is_relative_to(env.ROOT) else path}")
+         f"{time.perf_counter() - t_start:.0f} s; summary in {path.relative_to(env.ROOT) if path.is_relative_to(env.ROOT) else path}")
     for s in skipped:
         _say(f"skipped: {s}")
     for r in failed:
@@ -112,38 +112,80 @@ def run(args) -> int:
     return 1 if failed or broken else 0
 
 
-def write_summary(fams, checks, rows, build_rows, skipped, m, seconds):
-    lines = [f"# Lab report — {m['device_name']}", "",
-             f"torch {m['torch']}, CUDA {m['cuda']}, commit {m['commit']}, {time.strftime('%Y-%m-%d %H:%M')}, "
-             f"{seconds:.0f} s.", ""]
-    if rows:
-        ceil = bench.ceilings_cached(m["device_name"], m["torch"]) or {}
-        if ceil:
-            lines += ["## Ceilings (measured here)", "",
-                      f"- device-to-device copy: {ceil['copy_gbps']:.0f} GB/s (bytes read + written)"]
-            lines += [f"- {k} matrix product ({ceil.get('gemm_size')}³): {v:.1f} TFLOP/s"
-                      for k, v in ceil["gemm_tflops"].items()]
-            if ceil.get("fma_tflops"):
-                lines.append(f"- FP32 FMA (register-only kernel): {ceil['fma_tflops']:.1f} TFLOP/s")
-            lines.append("")
-    if build_rows:
-        lines += ["## Build loop (basics)", "", "| event | seconds |", "|---|---|"]
-        lines += [f"| {r['event']} | {r['seconds']:.2f} |" for r in build_rows] + [""]
-    lines += ["## Checks", "", f"{sum(c.passed for c in checks)}/{len(checks)} passed.", "", "```"]
-    lines += [c.line() for c in checks if not c.passed] or ["(no failures)"]
-    lines += ["```", ""]
-    for fam in fams:
+def write_summary(skipped: list[str] | None = None, device: str | None = None) -> "Path":
+    """results/SUMMARY.md (GPU) or SUMMARY-cpu.md, from the tables: the newest row of every benchmark, check and
+    build event on this kind of device, so runs of a few families at a time add up to one summary."""
+    from pathlib import Path  # noqa: F401
+    from . import results
+    device = device or env.default_device().type
+    rows = [r for r in results.latest(results.read()) if r["device"] == device]
+    name = max(rows, key=lambda r: r["timestamp"] or "")["device_name"] if rows else env.device_name(device)
+    rows = [r for r in rows if r["device_name"] == name]
+    ck = results.read(env.RESULTS / "checks.csv", numeric={"rel_err", "max_abs", "tol", "torch_rel_err", "seeds"})
+    newest: dict[tuple, dict] = {}
+    for c in ck:
+        if c["device_name"] != name and not (c["device"] == "cpu" and device == "cuda"):
+            continue
+        k = (c["family"], c["op"], c["version"], c["dtype"], c["shape"], c["device"])
+        if k not in newest or (c["timestamp"] or "") >= (newest[k]["timestamp"] or ""):
+            newest[k] = c
+    checks = list(newest.values())
+    bt = [b for b in results.read(env.RESULTS / "build_times.csv", numeric={"seconds", "cpus"})
+          if b["device_name"] == name]
+    stamp = max(rows, key=lambda r: r["timestamp"] or "") if rows else env.machine(device)
+    lines = [f"# Lab results — {name}", "",
+             f"Generated from results/results.csv, checks.csv and build_times.csv (newest row per key). "
+             f"torch {stamp.get('torch')}, CUDA {stamp.get('cuda')}, newest commit {stamp.get('commit')}.", ""]
+    ceil = bench.ceilings_cached(name, stamp.get("torch", "")) or {}
+    if ceil:
+        lines += ["## Ceilings (measured on this device)", "",
+                  f"- device-to-device copy: {ceil['copy_gbps']:.0f} GB/s (bytes read + written)"]
+        lines += [f"- {k} matrix product ({ceil.get('gemm_size')}³, cuBLAS via torch.mm): {v:.1f} TFLOP/s"
+                  for k, v in ceil["gemm_tflops"].items()]
+        if ceil.get("fma_tflops"):
+            lines.append(f"- FP32 FMA (register-only kernel): {ceil['fma_tflops']:.1f} TFLOP/s")
+        lines.append("")
+    if bt:
+        newest_bt: dict[tuple, dict] = {}
+        for b in bt:
+            newest_bt[(b["family"], b["event"])] = b
+        lines += ["## Build loop", "", "| family | event | seconds |", "|---|---|---|"]
+        lines += [f"| {b['family']} | {b['event']} | {b['seconds']:.2f} |" for b in newest_bt.values()] + [""]
+    if checks:
+        passed = sum(c["passed"] == "True" for c in checks)
+        lines += ["## Checks", "", f"{passed}/{len(checks)} (version, dtype, shape, device) checks passed "
+                  "against float64 references.", ""]
+        fams: dict[str, list] = {}
+        for c in checks:
+            fams.setdefault(c["family"], []).append(c)
+        lines += ["| family | device | checks | passed | worst rel. error / tolerance |", "|---|---|---|---|---|"]
+        for f, cs in sorted(fams.items()):
+            for d in sorted({c["device"] for c in cs}):
+                sel = [c for c in cs if c["device"] == d]
+                worst = max(sel, key=lambda c: (c["rel_err"] or 0) / (c["tol"] or 1))
+                lines.append(f"| {f} | {d} | {len(sel)} | {sum(c['passed'] == 'True' for c in sel)} | "
+                             f"{worst['rel_err']:.1e} / {worst['tol']:.0e} ({worst['op']} {worst['version']} "
+                             f"{worst['dtype']}) |")
+        bad = [c for c in checks if c["passed"] != "True"]
+        if bad:
+            lines += ["", "Failures:", "```"] + [f"{c['family']}.{c['op']} {c['version']} {c['dtype']} {c['shape']} "
+                                                 f"{c['device']}: {c['problem']}" for c in bad] + ["```"]
+        lines.append("")
+    for fam in registry.families():
         frows = [r for r in rows if r["family"] == fam.name]
         if not frows:
             continue
         lines += [f"## {fam.name}: {fam.title}", ""]
-        for op in sorted({r["op"] for r in frows}, key=lambda o: [r["op"] for r in frows].index(o)):
-            for dt in sorted({r["dtype"] for r in frows if r["op"] == op}):
-                sel = [r for r in frows if r["op"] == op and r["dtype"] == dt]
-                lines += ["```", bench.summary_table(sel), "```", ""]
+        order = []
+        for r in frows:
+            if (r["op"], r["dtype"]) not in order:
+                order.append((r["op"], r["dtype"]))
+        for op, dt in order:
+            sel = [r for r in frows if r["op"] == op and r["dtype"] == dt]
+            lines += ["```", bench.summary_table(sel), "```", ""]
     if skipped:
-        lines += ["## Skipped", ""] + [f"- {s}" for s in skipped] + [""]
-    path = env.RESULTS / ("SUMMARY.md" if m["device"] == "cuda" else "SUMMARY-cpu.md")
+        lines += ["## Skipped in the last run", ""] + [f"- {s}" for s in skipped] + [""]
+    path = env.RESULTS / ("SUMMARY.md" if device == "cuda" else "SUMMARY-cpu.md")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path

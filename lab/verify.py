@@ -225,6 +225,23 @@ def check_op(op: Op, device: torch.device | str, dtypes=None, versions=None, sha
     return out
 
 
+CHECK_COLUMNS = ["family", "op", "version", "dtype", "shape", "device", "device_name", "seeds", "rel_err", "max_abs",
+                 "tol", "torch_rel_err", "passed", "problem", "torch", "commit", "timestamp", "run_id"]
+
+
+def record(results_: list[CheckResult], family: str, device) -> None:
+    """Append check outcomes to results/checks.csv (the evidence behind 'verified')."""
+    from . import env, results
+    st = results.stamp(device)
+    rows = [{"family": family, "op": r.op, "version": r.version, "dtype": r.dtype, "shape": r.shape,
+             "device": r.device, "device_name": st["device_name"], "seeds": r.seeds, "rel_err": r.rel_err,
+             "max_abs": r.max_abs, "tol": r.tol, "torch_rel_err": r.torch_rel_err, "passed": r.passed,
+             "problem": r.problem, "torch": st["torch"], "commit": st["commit"], "timestamp": st["timestamp"],
+             "run_id": st["run_id"]} for r in results_]
+    if rows:
+        results.append(rows, env.RESULTS / "checks.csv", CHECK_COLUMNS)
+
+
 def assert_close(out: Any, ref: Any, dtype: torch.dtype, precision: str | None = None, what: str = "output") -> None:
     """For tests: raise AssertionError with the worst elements unless every output is within tolerance."""
     tol = tolerance(dtype, precision)

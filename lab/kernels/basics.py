@@ -155,7 +155,8 @@ OPS = [
        [{"M": n, "K": n, "N": n} for n in (128, 256, 512)], DT,
        nbytes=lambda s, dt: (s["M"] * s["K"] + s["K"] * s["N"] + s["M"] * s["N"]) * elem_size(dt),
        flops=lambda s, dt: 2 * s["M"] * s["N"] * s["K"],
-       formula="TFLOP/s = 2·M·N·K / time; bytes = (MK + KN + MN)·sizeof(dtype)", size_key="M"),
+       formula="TFLOP/s = 2·M·N·K / time; bytes = (MK + KN + MN)·sizeof(dtype)", size_key="M",
+       compute_ceiling="gemm"),
 ]
 
 register(Family(FAMILY, "CUDA basics: square, vector add, 1D stencil, tiled matmul", OPS,
