@@ -1,0 +1,36 @@
+"""python -m lab: the commands a user types, and what they say when the input is wrong."""
+import subprocess
+import sys
+
+from lab import env
+
+
+def lab(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "lab", *args], cwd=env.ROOT, capture_output=True, text=True,
+                          timeout=1200, **kw)
+
+
+def test_list_names_every_family_and_marks_gpu_versions():
+    r = lab("list")
+    assert r.returncode == 0, r.stderr
+    for fam in ("basics",):
+        assert f"{fam}:" in r.stdout
+    assert "square" in r.stdout and "v2" in r.stdout
+
+
+def test_check_one_op_at_one_size_on_cpu():
+    r = lab("check", "basics", "--op", "matmul", "--device", "cpu", "--size", "M=7,K=13,N=5", "--seeds", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "matmul" in r.stdout and "passed" in r.stdout
+
+
+def test_unknown_family_is_a_clear_error():
+    r = lab("check", "nosuchfamily")
+    assert r.returncode == 2
+    assert "no kernel family 'nosuchfamily'" in r.stderr and "basics" in r.stderr
+
+
+def test_bad_size_key_is_a_clear_error():
+    r = lab("check", "basics", "--op", "square", "--size", "rows=5", "--device", "cpu")
+    assert r.returncode != 0
+    assert "shape keys ['n']" in r.stderr
