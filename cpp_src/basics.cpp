@@ -25,11 +25,11 @@ constexpr int64_t kGrain = 1 << 15;  // elements per parallel_for task: big enou
 // The version must match the device: 0 runs on CPU tensors, 1..max_version on CUDA tensors.
 void check_version(const at::Tensor& x, const char* name, int64_t version, int64_t max_version, const char* op) {
   if (x.is_cuda()) {
-    TORCH_CHECK_VALUE(version >= 1 && version <= max_version, op, ": CUDA versions are 1..", max_version, ", got ",
+    LAB_CHECK_VALUE(version >= 1 && version <= max_version, op, ": CUDA versions are 1..", max_version, ", got ",
                       version);
   } else {
-    TORCH_CHECK_VALUE(x.device().is_cpu(), op, ": ", name, " must be on cpu or cuda, got ", x.device().str());
-    TORCH_CHECK_VALUE(version == 0, op, ": version ", version, " is a CUDA kernel but ", name,
+    LAB_CHECK_VALUE(x.device().is_cpu(), op, ": ", name, " must be on cpu or cuda, got ", x.device().str());
+    LAB_CHECK_VALUE(version == 0, op, ": version ", version, " is a CUDA kernel but ", name,
                       " is on the CPU (use version 0, the C++ CPU code)");
   }
 }
@@ -123,7 +123,7 @@ at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b, at::Tensor out, 
   check_float(b, "b");
   lab::check_same_dtype(b, "b", a, "a");
   lab::check_same_device(b, "b", a, "a");
-  TORCH_CHECK_VALUE(a.sizes() == b.sizes(), "b must have the same shape as a = ", lab::shape_str(a.sizes()),
+  LAB_CHECK_VALUE(a.sizes() == b.sizes(), "b must have the same shape as a = ", lab::shape_str(a.sizes()),
                     ", got ", lab::shape_str(b.sizes()), " (vector_add does not broadcast)");
   lab::check_out(out, "out", a, a.sizes(), "like a");
   check_version(a, "a", version, 2, "vector_add");
@@ -175,7 +175,7 @@ at::Tensor matmul(const at::Tensor& A, const at::Tensor& B, at::Tensor out, int6
   lab::check_dim(B, "B", 2, "(K, N)");
   lab::check_same_dtype(B, "B", A, "A");
   lab::check_same_device(B, "B", A, "A");
-  TORCH_CHECK_VALUE(B.size(0) == A.size(1), "B must have shape (K, N) with K = A.size(1) = ", A.size(1), ", got ",
+  LAB_CHECK_VALUE(B.size(0) == A.size(1), "B must have shape (K, N) with K = A.size(1) = ", A.size(1), ", got ",
                     lab::shape_str(B.sizes()));
   const int64_t M = A.size(0), K = A.size(1), N = B.size(1);
   lab::check_out(out, "out", A, {M, N}, "(M, N)");
@@ -185,7 +185,7 @@ at::Tensor matmul(const at::Tensor& A, const at::Tensor& B, at::Tensor out, int6
 #ifdef LAB_WITH_CUDA
       c10::cuda::CUDAGuard guard(A.device());
       const int m = lab::check_int32(M, "M"), n = lab::check_int32(N, "N"), k = lab::check_int32(K, "K");
-      TORCH_CHECK_VALUE(lab::ceil_div(M, 32) <= 65535, "matmul: M = ", M, " needs more than 65535 block rows");
+      LAB_CHECK_VALUE(lab::ceil_div(M, 32) <= 65535, "matmul: M = ", M, " needs more than 65535 block rows");
       LAB_CUDA_CHECK(basics_matmul(int(version), A.data_ptr<scalar_t>(), B.data_ptr<scalar_t>(),
                                    out.data_ptr<scalar_t>(), m, n, k, LAB_STREAM()),
                      "matmul kernel");
@@ -203,11 +203,11 @@ at::Tensor matmul(const at::Tensor& A, const at::Tensor& B, at::Tensor out, int6
 at::Tensor fma_peak(at::Tensor out, int64_t blocks, int64_t threads, int64_t iters) {
   lab::check_dtype(out, "out", {at::kFloat});
   lab::check_contiguous(out, "out");
-  TORCH_CHECK_VALUE(out.numel() == blocks * threads, "out must have blocks * threads = ", blocks * threads,
+  LAB_CHECK_VALUE(out.numel() == blocks * threads, "out must have blocks * threads = ", blocks * threads,
                     " elements, got ", out.numel());
-  TORCH_CHECK_VALUE(threads >= 32 && threads <= 1024 && threads % 32 == 0, "threads must be a multiple of 32 in "
+  LAB_CHECK_VALUE(threads >= 32 && threads <= 1024 && threads % 32 == 0, "threads must be a multiple of 32 in "
                     "[32, 1024], got ", threads);
-  TORCH_CHECK_VALUE(out.is_cuda(), "fma_peak: out must be a CUDA tensor, got ", out.device().str());
+  LAB_CHECK_VALUE(out.is_cuda(), "fma_peak: out must be a CUDA tensor, got ", out.device().str());
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(out.device());
   LAB_CUDA_CHECK(basics_fma_peak(out.data_ptr<float>(), lab::check_int32(blocks, "blocks"), int(threads),
