@@ -2,8 +2,8 @@
 //
 // x: (..., in_features), contiguous; weight: (out_features, in_features) exactly as nn.Linear stores it (read in
 // place: no transposed copy, on either device); bias: (out_features,) or None; out: (..., out_features), allocated by
-// the caller (the lab poisons it before a check). version: 0 = the C++ CPU code (CPU tensors), 1..13 = the CUDA
-// versions in cuda_src/linear.cu (float32, except 10 and 12: bfloat16; 9 and 11 multiply in TF32).
+// the caller (the lab poisons it before a check). version: 0 = the C++ CPU code (CPU tensors), 1..14 = the CUDA
+// versions in cuda_src/linear.cu (float32, except 11 and 13: bfloat16; 10 and 12 multiply in TF32).
 #include "lab_common.h"
 
 #include <algorithm>
@@ -17,63 +17,74 @@ cudaError_t linear_forward_bf16(int version, const void* x, const void* w, const
 
 namespace {
 
-constexpr int64_t kMaxVersion = 13;
+constexpr int64_t kMaxVersion = 14;
 
 const char* version_label(int64_t v) {
   switch (v) {
-    case 9: return "v9 (TF32 mma.sync)";
-    case 10: return "v10 (bf16 mma.sync)";
-    case 11: return "v11 (TF32 wgmma)";
-    case 12: return "v12 (bf16 wgmma)";
+    case 10: return "v10 (TF32 mma.sync)";
+    case 11: return "v11 (bf16 mma.sync)";
+    case 12: return "v12 (TF32 wgmma)";
+    case 13: return "v13 (bf16 wgmma)";
     default: return nullptr;
   }
 }
 
 // ---- the C++ CPU version ----------------------------------------------------------------------------------------
 // y[m, n] = b[n] + sum_k x[m, k]·w[n, k]. Both operands are K-contiguous, so the natural inner loop is a dot
-// product; a plain float reduction does not vectorise (it would reorder the sum), so each dot product keeps kVL
-// partial sums, one per vector lane, reduced once at the end. The micro-kernel computes a 2x4 block of y: every
-// 8-wide x chunk it loads feeds 4 products, every W chunk 2 (6 vector loads per 8 vector FMAs).
+// product; a float reduction does not auto-vectorise (that would reorder the sum), so each dot product keeps 8
+// partial sums in one vector, one per lane, reduced once at the end (GCC vector extensions: AVX on x86, lowered to
+// what the target has elsewhere). The micro-kernel computes a 2x4 block of y from 8 accumulator vectors: each x
+// chunk it loads feeds 4 FMAs, each W chunk 2 (6 loads per 8 FMAs).
 // Cache blocking: parallel over 64x64 tiles of y; inside a tile K is swept in chunks of 512 (x and W slabs of
 // 64 x 512 x 4 B = 128 KB each, L2-resident while the 2x4 micro-tiles sweep them).
-constexpr int64_t kVL = 8, kMR = 2, kNR = 4, kTileM = 64, kTileN = 64, kKc = 512;
+constexpr int64_t kMR = 2, kNR = 4, kTileM = 64, kTileN = 64, kKc = 512;
+typedef float v8f __attribute__((vector_size(32)));
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-// One binary, the widest vectors the CPU has: GCC builds an AVX2+FMA clone and a baseline (SSE2) clone and picks one
-// when the module loads.
-#define LAB_CPU_CLONES __attribute__((target_clones("arch=haswell", "default")))
+// One binary, the widest vectors the CPU has: an AVX2+FMA clone and a baseline (SSE2) clone, picked when the module
+// loads; fp-contract lets the AVX2 clone fuse each multiply-add (ISO C++ mode turns contraction off).
+#define LAB_CPU_CLONES __attribute__((target_clones("arch=haswell", "default"), optimize("fp-contract=fast")))
 #else
 #define LAB_CPU_CLONES
 #endif
+#define LAB_LOAD8(v, p) __builtin_memcpy(&(v), (p), sizeof(v8f))
 
-// acc[r][c] += dot(x_r[0:kc], w_c[0:kc]) for r < kMR, c < kNR (full micro-tile).
+// acc[r·4 + c] += dot(x_r[0:kc], w_c[0:kc]) for the full 2x4 micro-tile.
 LAB_CPU_CLONES void micro_2x4(const float* x0, const float* x1, const float* w0, const float* w1, const float* w2,
                               const float* w3, int64_t kc, float* acc) {
-  float s[kMR][kNR][kVL] = {};
+  v8f s00{}, s01{}, s02{}, s03{}, s10{}, s11{}, s12{}, s13{}, a0, a1, b;
+  int64_t k = 0;
+  for (; k + 8 <= kc; k += 8) {
+    LAB_LOAD8(a0, x0 + k);
+    LAB_LOAD8(a1, x1 + k);
+    LAB_LOAD8(b, w0 + k); s00 += a0 * b; s10 += a1 * b;
+    LAB_LOAD8(b, w1 + k); s01 += a0 * b; s11 += a1 * b;
+    LAB_LOAD8(b, w2 + k); s02 += a0 * b; s12 += a1 * b;
+    LAB_LOAD8(b, w3 + k); s03 += a0 * b; s13 += a1 * b;
+  }
+  const v8f* s[kMR][kNR] = {{&s00, &s01, &s02, &s03}, {&s10, &s11, &s12, &s13}};
   const float* xs[kMR] = {x0, x1};
   const float* ws[kNR] = {w0, w1, w2, w3};
-  int64_t k = 0;
-  for (; k + kVL <= kc; k += kVL)
-    for (int r = 0; r < kMR; ++r)
-      for (int c = 0; c < kNR; ++c)
-        for (int l = 0; l < kVL; ++l) s[r][c][l] += xs[r][k + l] * ws[c][k + l];
   for (int r = 0; r < kMR; ++r)
     for (int c = 0; c < kNR; ++c) {
       float t = 0.f;
-      for (int l = 0; l < kVL; ++l) t += s[r][c][l];
+      for (int l = 0; l < 8; ++l) t += (*s[r][c])[l];
       for (int64_t kk = k; kk < kc; ++kk) t += xs[r][kk] * ws[c][kk];
       acc[r * kNR + c] += t;
     }
 }
 
-// One dot product (edges of a tile where a full 2x4 micro-tile does not fit).
+// One dot product (the edges of a tile, where a full 2x4 micro-tile does not fit).
 LAB_CPU_CLONES float dot(const float* a, const float* b, int64_t n) {
-  float s[kVL] = {};
+  v8f s{}, va, vb;
   int64_t k = 0;
-  for (; k + kVL <= n; k += kVL)
-    for (int l = 0; l < kVL; ++l) s[l] += a[k + l] * b[k + l];
+  for (; k + 8 <= n; k += 8) {
+    LAB_LOAD8(va, a + k);
+    LAB_LOAD8(vb, b + k);
+    s += va * vb;
+  }
   float t = 0.f;
-  for (int l = 0; l < kVL; ++l) t += s[l];
+  for (int l = 0; l < 8; ++l) t += s[l];
   for (; k < n; ++k) t += a[k] * b[k];
   return t;
 }
@@ -115,13 +126,13 @@ void linear_cpu(const float* x, const float* w, const float* b, float* y, int64_
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor out,
                   int64_t version) {
   lab::check_dtype(x, "x", {at::kFloat, at::kBFloat16});
-  TORCH_CHECK_VALUE(x.dim() >= 1, "x must have shape (..., in_features), got a 0-D tensor");
+  LAB_CHECK_VALUE(x.dim() >= 1, "x must have shape (..., in_features), got a 0-D tensor");
   lab::check_contiguous(x, "x");
   lab::check_dim(weight, "weight", 2, "(out_features, in_features)");
   lab::check_same_dtype(weight, "weight", x, "x");
   lab::check_same_device(weight, "weight", x, "x");
   const int64_t K = x.size(-1), N = weight.size(0);
-  TORCH_CHECK_VALUE(weight.size(1) == K, "weight must have shape (out_features, in_features) with in_features = "
+  LAB_CHECK_VALUE(weight.size(1) == K, "weight must have shape (out_features, in_features) with in_features = "
                     "x.size(-1) = ", K, ", got ", lab::shape_str(weight.sizes()));
   lab::check_contiguous(weight, "weight");
   const at::Tensor* b = bias.has_value() && bias->defined() ? &*bias : nullptr;
@@ -138,20 +149,20 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   for (int64_t i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
 
   if (x.is_cuda()) {
-    TORCH_CHECK_VALUE(version >= 1 && version <= kMaxVersion, "linear: CUDA versions are 1..", kMaxVersion, ", got ",
+    LAB_CHECK_VALUE(version >= 1 && version <= kMaxVersion, "linear: CUDA versions are 1..", kMaxVersion, ", got ",
                       version);
-    const bool wants_bf16 = version == 10 || version == 12;
-    TORCH_CHECK_TYPE(wants_bf16 == (x.scalar_type() == at::kBFloat16), "linear: version ", version, " takes ",
+    const bool wants_bf16 = version == 11 || version == 13;
+    LAB_CHECK_TYPE(wants_bf16 == (x.scalar_type() == at::kBFloat16), "linear: version ", version, " takes ",
                      wants_bf16 ? "BFloat16" : "Float", " tensors (x, weight, bias, out), got ",
                      c10::toString(x.scalar_type()));
 #ifdef LAB_WITH_CUDA
     c10::cuda::CUDAGuard guard(x.device());
-    if (version == 11 || version == 12) {
+    if (version == 12 || version == 13) {
       int major = 0, minor = 0;
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device());
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, x.get_device());
-      TORCH_CHECK_VALUE(major == 9, "linear: ", version_label(version), " uses Hopper's wgmma and TMA (sm_90); this "
-                        "GPU is sm_", major, minor, " (use v9/v10, the mma.sync versions)");
+      LAB_CHECK_VALUE(major == 9, "linear: ", version_label(version), " uses Hopper's wgmma and TMA (sm_90); this "
+                        "GPU is sm_", major, minor, " (use v10/v11, the mma.sync versions)");
     }
     const int m = lab::check_int32(M, "M (rows of x)"), n = lab::check_int32(N, "out_features"),
               k = lab::check_int32(K, "in_features");
@@ -170,10 +181,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
     LAB_NO_CUDA_BUILD("linear");
 #endif
   } else {
-    TORCH_CHECK_VALUE(x.device().is_cpu(), "linear: x must be on cpu or cuda, got ", x.device().str());
-    TORCH_CHECK_VALUE(version == 0, "linear: version ", version, " is a CUDA kernel but x is on the CPU (use version "
+    LAB_CHECK_VALUE(x.device().is_cpu(), "linear: x must be on cpu or cuda, got ", x.device().str());
+    LAB_CHECK_VALUE(version == 0, "linear: version ", version, " is a CUDA kernel but x is on the CPU (use version "
                       "0, the C++ CPU code)");
-    TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat, "linear: the C++ CPU version takes Float tensors, got ",
+    LAB_CHECK_TYPE(x.scalar_type() == at::kFloat, "linear: the C++ CPU version takes Float tensors, got ",
                      c10::toString(x.scalar_type()));
     linear_cpu(x.data_ptr<float>(), weight.data_ptr<float>(), b ? b->data_ptr<float>() : nullptr,
                out.data_ptr<float>(), M, N, K);
@@ -182,7 +193,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "nn.Linear forward y = x @ weight.T + bias: SGEMM ladder v1..v8, tensor cores v9..v12, GEMV v13; "
+  m.doc() = "nn.Linear forward y = x @ weight.T + bias: SGEMM ladder v1..v9, tensor cores v10..v13, GEMV v14; "
             "version 0 = C++ CPU code";
   m.def("linear", lab::bind(linear),
         "linear(x, weight, bias, out, version) -> out = x @ weight.T + bias (weight as nn.Linear stores it)");

@@ -36,11 +36,11 @@ int dtype_code(at::ScalarType t) {
 
 void check_version(const at::Tensor& x, const char* name, int64_t version, const char* op) {
   if (x.is_cuda()) {
-    TORCH_CHECK_VALUE(version >= 1 && version <= kMaxVersion, op, ": CUDA versions are 1..", kMaxVersion, ", got ",
+    LAB_CHECK_VALUE(version >= 1 && version <= kMaxVersion, op, ": CUDA versions are 1..", kMaxVersion, ", got ",
                       version);
   } else {
-    TORCH_CHECK_VALUE(x.device().is_cpu(), op, ": ", name, " must be on cpu or cuda, got ", x.device().str());
-    TORCH_CHECK_VALUE(version == 0, op, ": version ", version, " is a CUDA kernel but ", name,
+    LAB_CHECK_VALUE(x.device().is_cpu(), op, ": ", name, " must be on cpu or cuda, got ", x.device().str());
+    LAB_CHECK_VALUE(version == 0, op, ": version ", version, " is a CUDA kernel but ", name,
                       " is on the CPU (use version 0, the C++ CPU code)");
   }
 }
@@ -50,7 +50,7 @@ void check_rows(const at::Tensor& x, const char* name, int64_t layout) {
   lab::check_dtype(x, name, {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble});
   lab::check_dim(x, name, 4, layout_str(layout));
   lab::check_contiguous(x, name);
-  TORCH_CHECK_VALUE(x.size(3) % 2 == 0, "head_dim = ", name, ".size(3) must be even (features rotate in pairs), got ",
+  LAB_CHECK_VALUE(x.size(3) % 2 == 0, "head_dim = ", name, ".size(3) must be even (features rotate in pairs), got ",
                     x.size(3), " (shape ", lab::shape_str(x.sizes()), ")");
 }
 
@@ -59,25 +59,25 @@ void check_tables(const at::Tensor& cos, const at::Tensor& sin, const at::Tensor
                   int64_t seq, int64_t offset) {
   lab::check_defined(cos, "cos");
   lab::check_defined(sin, "sin");
-  TORCH_CHECK_TYPE(cos.scalar_type() == at::kFloat || cos.scalar_type() == x.scalar_type(),
+  LAB_CHECK_TYPE(cos.scalar_type() == at::kFloat || cos.scalar_type() == x.scalar_type(),
                    "cos must be Float or the dtype of ", x_name, " (", c10::toString(x.scalar_type()), "), got ",
                    c10::toString(cos.scalar_type()));
   lab::check_same_dtype(sin, "sin", cos, "cos");
   const int64_t half = x.size(3) / 2;
-  TORCH_CHECK_VALUE(cos.dim() == 2 && cos.size(1) == half, "cos must have shape (max_pos, head_dim / 2) with "
+  LAB_CHECK_VALUE(cos.dim() == 2 && cos.size(1) == half, "cos must have shape (max_pos, head_dim / 2) with "
                     "head_dim / 2 = ", half, ", got ", lab::shape_str(cos.sizes()),
                     cos.dim() == 2 && cos.size(1) == 2 * half
                         ? " (a (max_pos, head_dim) rotate_half table repeats its first half: pass "
                           "cos[:, :head_dim // 2].contiguous())"
                         : "");
-  TORCH_CHECK_VALUE(sin.sizes() == cos.sizes(), "sin must have the same shape as cos = ",
+  LAB_CHECK_VALUE(sin.sizes() == cos.sizes(), "sin must have the same shape as cos = ",
                     lab::shape_str(cos.sizes()), ", got ", lab::shape_str(sin.sizes()));
   lab::check_contiguous(cos, "cos");
   lab::check_contiguous(sin, "sin");
   lab::check_same_device(cos, "cos", x, x_name);
   lab::check_same_device(sin, "sin", x, x_name);
-  TORCH_CHECK_VALUE(offset >= 0, "offset must be >= 0, got ", offset);
-  TORCH_CHECK_VALUE(offset + seq <= cos.size(0), "cos/sin have ", cos.size(0), " positions (rows), but positions ",
+  LAB_CHECK_VALUE(offset >= 0, "offset must be >= 0, got ", offset);
+  LAB_CHECK_VALUE(offset + seq <= cos.size(0), "cos/sin have ", cos.size(0), " positions (rows), but positions ",
                     offset, " .. ", offset + seq - 1, " are needed (offset + seq = ", offset, " + ", seq, " = ",
                     offset + seq, "): build longer tables");
 }
@@ -113,7 +113,7 @@ void rope_cpu(const T* x, T* y, int64_t batch, int64_t heads, int64_t seq, int64
 void run(const at::Tensor& q, const char* q_name, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
          at::Tensor& q_out, at::Tensor& k_out, int64_t offset, int64_t layout, bool interleaved, bool inverse,
          int64_t version, int64_t rows_per_thread, const char* op) {
-  TORCH_CHECK_VALUE(layout == 0 || layout == 1, op, ": layout must be 0 (batch, heads, seq, head_dim) or 1 "
+  LAB_CHECK_VALUE(layout == 0 || layout == 1, op, ": layout must be 0 (batch, heads, seq, head_dim) or 1 "
                     "(batch, seq, heads, head_dim), got ", layout);
   check_rows(q, q_name, layout);
   const bool bshd = layout == 1;
@@ -125,7 +125,7 @@ void run(const at::Tensor& q, const char* q_name, const at::Tensor& k, const at:
     lab::check_dim(k, "k", 4, layout_str(layout));
     k_heads = k.size(bshd ? 2 : 1);
     const bool same = k.size(0) == batch && k.size(bshd ? 1 : 2) == seq && k.size(3) == head_dim;
-    TORCH_CHECK_VALUE(same, "k must have shape ", bshd ? "(batch, seq, kv_heads, head_dim)" :
+    LAB_CHECK_VALUE(same, "k must have shape ", bshd ? "(batch, seq, kv_heads, head_dim)" :
                       "(batch, kv_heads, seq, head_dim)", " with batch = ", batch, ", seq = ", seq, ", head_dim = ",
                       head_dim, " as in ", q_name, ", got ", lab::shape_str(k.sizes()));
     lab::check_contiguous(k, "k");
@@ -135,7 +135,7 @@ void run(const at::Tensor& q, const char* q_name, const at::Tensor& k, const at:
   lab::check_out(q_out, k.defined() ? "q_out" : "out", q, q.sizes(), layout_str(layout));
   if (k.defined()) lab::check_out(k_out, "k_out", k, k.sizes(), layout_str(layout));
   check_version(q, q_name, version, op);
-  TORCH_CHECK_VALUE(rows_per_thread == 0 || rows_per_thread == 1 || rows_per_thread == 2 || rows_per_thread == 4 ||
+  LAB_CHECK_VALUE(rows_per_thread == 0 || rows_per_thread == 1 || rows_per_thread == 2 || rows_per_thread == 4 ||
                     rows_per_thread == 8, op, ": rows_per_thread must be 1, 2, 4, 8 or 0 (choose), got ",
                     rows_per_thread);
 
@@ -190,9 +190,9 @@ std::vector<at::Tensor> rope_qk(const at::Tensor& q, const at::Tensor& k, const 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Rotary position embedding: rope (one tensor), rope_qk (queries and keys); version 0 = C++ CPU code";
-  m.def("rope", torch::wrap_pybind_function(rope),
+  m.def("rope", lab::bind(rope),
         "rope(x, cos, sin, out, offset, layout, interleaved, inverse, version, rows_per_thread) -> out");
-  m.def("rope_qk", torch::wrap_pybind_function(rope_qk),
+  m.def("rope_qk", lab::bind(rope_qk),
         "rope_qk(q, k, cos, sin, q_out, k_out, offset, layout, interleaved, inverse, version, rows_per_thread) "
         "-> [q_out, k_out]");
 }

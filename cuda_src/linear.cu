@@ -14,34 +14,56 @@
 //   v3: shared-memory tiles — 32x32 tiles of x and W staged once per K-step, each element reused 32 times.
 //   v4: 1D register blocking — 64x64 tile, BK=8, each thread computes 8 outputs down a column: one W value read
 //       from shared memory feeds 8 FMAs.
-//   v5: 2D register blocking — 128x128 tile, each thread an 8x8 block: 16 shared loads per 64 FMAs.
-//   v6: vectorised — 16-byte global loads along K (transposed into shared memory on the way in) and 16-byte shared
-//       loads: 4 LDS.128 per 64 FMAs. Needs K % 4 == 0 and 16-byte aligned rows; otherwise it loads scalars.
+//   v5: 2D register blocking — 128x128 tile, each thread an 8x8 block: 16 shared loads per 64 FMAs. (nvcc already
+//       fuses the 8 scalar shared loads of a row into 2 LDS.128 here: it can prove the 16-B alignment.)
+//   v6: vectorised — 16-byte global loads along K, transposed into shared memory on the way in (4 LDS.128 per 64
+//       FMAs, as v5 compiles to). Needs K % 4 == 0 and 16-byte aligned rows; otherwise it loads scalars.
 //   v7: warp tiling — lanes laid out 8x4 over a 64x32 warp tile, a thread's 8x8 block split into quads 32 rows /
 //       16 columns apart, so each LDS.128 of a warp reads one contiguous 128-B (or 64-B) run: no bank conflicts
 //       (v5/v6 read W quads 32 B apart across lanes: 2- to 4-way conflicts).
-//   v8: double buffering — two shared-memory stages; the next tile's global loads are in flight while this tile's
-//       512 FMAs per thread run, and one __syncthreads per tile instead of two. The best SIMT fp32 version.
-//   v9: tensor cores, TF32 — mma.sync.m16n8k8 on operands rounded to TF32 (10-bit mantissa, cvt.rna), fragments
-//       by ldmatrix from padded shared rows (conflict-free), a 4-stage cp.async pipeline; fp32 accumulate.
-//   v10: tensor cores, bf16 — the same kernel on bf16 operands (mma.sync.m16n8k16): half the bytes per operand
+//   v8: asynchronous copies — cp.async moves the tiles global -> shared in the background into a 4-stage ring, so
+//       tile t+3 is in flight while tile t's FMAs run, no registers hold it, one barrier per tile. Any K, any
+//       alignment (4-byte copies, zero-filled).
+//   v9: a bigger thread tile — 8x16 outputs per thread, 4 warps of 64x64 on the 128x128 tile (128 threads):
+//       6 LDS.128 feed 128 FMAs (v8: 4 feed 64), and half as many threads share the copy and index work.
+//   v10: tensor cores, TF32 — mma.sync.m16n8k8 on operands rounded to TF32 (10-bit mantissa, cvt.rna), fragments
+//        by ldmatrix from padded shared rows (conflict-free), a 4-stage cp.async pipeline; fp32 accumulate.
+//   v11: tensor cores, bf16 — the same kernel on bf16 operands (mma.sync.m16n8k16): half the bytes per operand
 //        and twice the MMA rate of TF32.
-//   v11: Hopper wgmma, TF32 — a warpgroup issues asynchronous 64x256x8 MMAs that read both operands from shared
+//   v12: Hopper wgmma, TF32 — a warpgroup issues asynchronous 64x256x8 MMAs that read both operands from shared
 //        memory in the 128-B swizzled layout TMA writes; one producer warp drives TMA (cp.async.bulk.tensor) through
-//        4 mbarrier-guarded stages while two consumer warpgroups compute a 128x256 tile. Needs an sm_90a build and
-//        K·4 % 16 == 0 (TMA's stride rule); otherwise it runs v9's kernel.
-//   v12: Hopper wgmma, bf16 — v11 on bf16 (64x256x16 MMAs); K % 8 == 0, otherwise v10's kernel.
-//   v13: GEMV for small M (the decoder's fc_out at batch 1): one warp per W row, streamed once with 16-B loads,
-//        several rows of x at a time; memory-bound, the goal is copy bandwidth on the weight.
+//        4 mbarrier-guarded stages while two consumer warpgroups compute a 128x256 tile. The tensor core reads the
+//        fp32 bits and drops the low 13 mantissa bits (truncation; v10 rounds): ~2.6x the rounding error of TF32,
+//        still 5x inside the TF32 tolerance. Needs K·4 % 16 == 0 (TMA's stride rule), else it runs v10's kernel.
+//   v13: Hopper wgmma, bf16 — v12 on bf16 (64x256x16 MMAs); K % 8 == 0, otherwise v11's kernel.
+//   v14: GEMV for small M (the decoder's fc_out at batch 1): one warp per W row, all of a lane's 16-byte loads of
+//        the row in flight at once, x in shared memory, one wave of blocks; memory-bound: the goal is copy
+//        bandwidth on the weight.
 // All tiled versions visit tiles in groups of 8 block-rows (consecutive blocks share W tiles in L2) on a 1-D grid.
 // K == 0: y = b (or 0), written by a fill kernel.
 //
 // Napkin math (H100 SXM; datasheet rates are leads, the lab measures its own ceilings):
 //   4096^3: 2·4096^3 = 137 GFLOP; bytes 3·64 MiB = 201 MB -> 0.07 ms at 2968 GB/s, so compute-bound by ~40x.
-//   FP32 SIMT peak 132 SMs · 128 FMA/clk · 2 · 1.98 GHz = 66.9 TFLOP/s; cuBLAS fp32 measured 51.1 (76%).
-//   v8's inner step per thread: 4 LDS.128 + 64 FFMA, so at best 94% of issue slots are FMAs.
-//   Tensor cores (dense, datasheet): TF32 495, bf16 989 TFLOP/s; cuBLAS measured 363 and 754.
+//   FP32 SIMT peak 132 SMs · 128 FMA/clk · 2 · 1.98 GHz = 66.9 TFLOP/s; cuBLAS fp32 51.1 as measured in issue 4 (76%).
+//   v7/v8's inner step per thread: 4 LDS.128 + 64 FFMA, so at best 94% of issue slots are FMAs; v8's main loop
+//   (SASS) issues 512 FFMA, 32 LDS.128, 8 LDGSTS and ~45 other instructions per tile: ~87% FMAs. v9: 6 LDS.128
+//   per 128 FFMA (96%), 1024 FFMA per 16 LDGSTS per tile.
+//   Tensor cores (dense, datasheet): TF32 495, bf16 989 TFLOP/s; cuBLAS 363 and 754 (issue 4).
 //   fc_out at batch 1: W is 5893·1280·4 B = 30.2 MB -> 10.2 us at 2968 GB/s; 85% of copy is 12.0 us.
+//
+// Measured (H100 80GB HBM3, torch 2.11 + CUDA 13.0, 2026-11-22, medians with the L2 flushed; before v9 was added and
+// v14 was reworked, with today's v10..v13 then numbered v9..v12):
+//   4096^3 fp32 (TFLOP/s): cuBLAS 50.9 | v1 0.50, v2 1.65, v3 7.2, v4 12.7, v5 28.1, v6 34.0, v7 39.0, v8 41.1 (81%).
+//   4096^3 TF32: cuBLAS 338 | v10 mma.sync 116 (34%), v12 wgmma 326 (96%).
+//   4096^3 bf16: cuBLAS 776 | v11 mma.sync 277 (36%), v13 wgmma 624 (80%).
+//   fc_out batch 1: cuBLAS 21.6 us (1402 GB/s), first GEMV 18.9 us (1602 GB/s = 53% of the 3000 GB/s copy).
+//   fc_out batch 128: cuBLAS fp32 80.9 us, v8 161, v10 70.3, v12 34.4 us (cuBLAS TF32 40.4).
+// Goals: wgmma TF32 96% and bf16 80% of cuBLAS (goal 70%): met. Best SIMT 81% of cuBLAS (goal 90%): missed by 9
+// points. By SASS count ~87% of v8's issue slots are FFMA, yet it reached 61% of the 66.9 TFLOP/s datasheet peak (the
+// clock under load is not measured here), so most of the gap is issue stalls; which ones (shared-load latency with
+// 4 warps per scheduler, the per-tile barrier) is not measured yet: that needs ncu on the H100. v9 is aimed at both
+// (16 -> 21 FMAs per shared load, half the threads per tile) and is not measured yet. GEMV 53% of copy (goal 85%):
+// missed; the cause and the rework are at v14 below; the rework is not measured yet either.
 #include "lab_cuda.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is fetched from the driver at run time)
@@ -195,7 +217,7 @@ __global__ void __launch_bounds__(1024) v3_smem_tiles(const float* __restrict__ 
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Tile loaders for v4..v8: a (rows x BK) slab of a K-contiguous matrix, stored transposed, s[k][row] (row pitch
+// Tile loaders for v4..v7: a (rows x BK) slab of a K-contiguous matrix, stored transposed, s[k][row] (row pitch
 // P = rows + 4 words), so the inner loop reads 4 consecutive rows at one k with one LDS.128. Out-of-range
 // elements are zeros, which makes every size work without a special case in the inner loop.
 // ---------------------------------------------------------------------------------------------------------------
@@ -381,37 +403,51 @@ __global__ void __launch_bounds__(256) v6_vectorized(const float* __restrict__ x
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Warp tiling (v7, v8): 8 warps as 2 (m) x 4 (n), warp tile 64x32; lanes as 8 (m) x 4 (n). A thread owns rows
+// Warp tiling (v7, v8, v9): 8 warps as 2 (m) x 4 (n), warp tile 64x32; lanes as 8 (m) x 4 (n). A thread owns rows
 // wm·64 + lm·4 + {0..3} and + 32, columns wn·32 + ln·4 + {0..3} and + 16. One LDS.128 of x quads reads 8 distinct
 // consecutive quads (128 B, the rest broadcast), one of W quads 4 consecutive quads (64 B): one wavefront each.
 // ---------------------------------------------------------------------------------------------------------------
+// NQ = 2 (v7, v8): an 8x8 thread tile, warps 2 (m) x 4 (n) of 64x32, 256 threads.
+// NQ = 4 (v9): an 8x16 thread tile (column quads 16 apart), warps 2 x 2 of 64x64, 128 threads.
+template <int NQ>
 struct WarpTile {
+  static constexpr int WARPS_N = 128 / (16 * NQ), THREADS = 64 * WARPS_N;
   int row, col;  // this thread's first row / column inside the block tile
   __device__ __forceinline__ WarpTile() {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    row = (warp / 4) * 64 + (lane / 4) * 4;
-    col = (warp % 4) * 32 + (lane % 4) * 4;
+    row = (warp / WARPS_N) * 64 + (lane / 4) * 4;
+    col = (warp % WARPS_N) * 16 * NQ + (lane % 4) * 4;
   }
 };
 
-template <int P>
-__device__ __forceinline__ void warp_tile_step(float (&acc)[8][8], const float (*As)[P], const float (*Bs)[P], int k,
-                                               const WarpTile& wt) {
-  const float4 a[2] = {*reinterpret_cast<const float4*>(&As[k][wt.row]),
-                       *reinterpret_cast<const float4*>(&As[k][wt.row + 32])};
-  const float4 bq[2] = {*reinterpret_cast<const float4*>(&Bs[k][wt.col]),
-                        *reinterpret_cast<const float4*>(&Bs[k][wt.col + 16])};
-  outer8x8(acc, a, bq);
+// acc[i][4q + e] += x-row i · W-column (quad q, element e); rows i = 4·ha + r (ha: +0 / +32), columns 16 apart.
+template <int P, int NQ>
+__device__ __forceinline__ void warp_tile_step(float (&acc)[8][4 * NQ], const float (*As)[P], const float (*Bs)[P],
+                                               int k, const WarpTile<NQ>& wt) {
+  const float4 a0 = *reinterpret_cast<const float4*>(&As[k][wt.row]);
+  const float4 a1 = *reinterpret_cast<const float4*>(&As[k][wt.row + 32]);
+  const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  float bv[4 * NQ];
+#pragma unroll
+  for (int q = 0; q < NQ; ++q) {
+    const float4 t = *reinterpret_cast<const float4*>(&Bs[k][wt.col + 16 * q]);
+    bv[4 * q] = t.x; bv[4 * q + 1] = t.y; bv[4 * q + 2] = t.z; bv[4 * q + 3] = t.w;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4 * NQ; ++j) acc[i][j] += av[i] * bv[j];
 }
 
-__device__ __forceinline__ void warp_tile_store(const float (&acc)[8][8], float* __restrict__ y,
+template <int NQ>
+__device__ __forceinline__ void warp_tile_store(const float (&acc)[8][4 * NQ], float* __restrict__ y,
                                                 const float* __restrict__ b, int M, int N, int m0, int n0,
-                                                const WarpTile& wt, bool vec_out) {
+                                                const WarpTile<NQ>& wt, bool vec_out) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int m = m0 + wt.row + (i % 4) + (i / 4) * 32;
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < NQ; ++h)
       store_quad(y, b, M, N, m, n0 + wt.col + 16 * h,
                  make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]), vec_out);
   }
@@ -427,7 +463,7 @@ __global__ void __launch_bounds__(256) v7_warptile(const float* __restrict__ x, 
   __shared__ __align__(16) float Bs[BK][kP];
   const Tile tl = tile_of(blockIdx.x, int(lab::ceil_div(M, kBM)), int(lab::ceil_div(N, kBN)));
   const int m0 = tl.m * kBM, n0 = tl.n * kBN;
-  const WarpTile wt;
+  const WarpTile<2> wt;
   float acc[8][8] = {};
   for (int k0 = 0; k0 < K; k0 += BK) {
     if constexpr (kVec) {
@@ -440,61 +476,6 @@ __global__ void __launch_bounds__(256) v7_warptile(const float* __restrict__ x, 
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < BK; ++k) warp_tile_step<kP>(acc, As, Bs, k, wt);
-    __syncthreads();
-  }
-  warp_tile_store(acc, y, b, M, N, m0, n0, wt, vec_out);
-}
-
-// v8: v7 with two shared-memory stages. Iteration t: issue the global loads of tile t+1 (to registers), run tile
-// t's BK·64 FMAs from stage t%2 while they are in flight, store them to stage (t+1)%2, one barrier. The stage
-// written at t was last read at t-1, before that iteration's barrier. BK is a template parameter (8 or 16).
-constexpr int kV8BK = 16;  // K per stage: 16 halves the barriers per FMA of BK = 8 (33 KB of shared memory)
-
-template <bool kVec, int BK>
-__global__ void __launch_bounds__(256, 2) v8_double_buffer(const float* __restrict__ x, const float* __restrict__ w,
-                                                           const float* __restrict__ b, float* __restrict__ y, int M,
-                                                           int N, int K, bool vec_out) {
-  __shared__ __align__(16) float As[2][BK][kP];
-  __shared__ __align__(16) float Bs[2][BK][kP];
-  const Tile tl = tile_of(blockIdx.x, int(lab::ceil_div(M, kBM)), int(lab::ceil_div(N, kBN)));
-  const int m0 = tl.m * kBM, n0 = tl.n * kBN;
-  const WarpTile wt;
-  float acc[8][8] = {};
-  const int nk = int(lab::ceil_div(K, BK));
-  if (nk > 0) {
-    if constexpr (kVec) {
-      store_tile_vec<kBM, BK, kP>(As[0], load_tile_vec<kBM, BK, 256>(x, M, K, m0, 0));
-      store_tile_vec<kBN, BK, kP>(Bs[0], load_tile_vec<kBN, BK, 256>(w, N, K, n0, 0));
-    } else {
-      load_tile_scalar<kBM, BK, 256, kP>(As[0], x, M, K, m0, 0);
-      load_tile_scalar<kBN, BK, 256, kP>(Bs[0], w, N, K, n0, 0);
-    }
-  }
-  __syncthreads();
-  for (int t = 0; t < nk; ++t) {
-    const int cur = t % 2;
-    const bool more = t + 1 < nk;
-    if constexpr (kVec) {
-      Frag4<BK> fa, fb;
-      if (more) {
-        fa = load_tile_vec<kBM, BK, 256>(x, M, K, m0, (t + 1) * BK);
-        fb = load_tile_vec<kBN, BK, 256>(w, N, K, n0, (t + 1) * BK);
-      }
-#pragma unroll
-      for (int k = 0; k < BK; ++k) warp_tile_step<kP>(acc, As[cur], Bs[cur], k, wt);
-      if (more) {
-        store_tile_vec<kBM, BK, kP>(As[cur ^ 1], fa);
-        store_tile_vec<kBN, BK, kP>(Bs[cur ^ 1], fb);
-      }
-    } else {
-      // Scalar path (odd K): the loads go straight to the other stage; still one barrier per tile.
-      if (more) {
-        load_tile_scalar<kBM, BK, 256, kP>(As[cur ^ 1], x, M, K, m0, (t + 1) * BK);
-        load_tile_scalar<kBN, BK, 256, kP>(Bs[cur ^ 1], w, N, K, n0, (t + 1) * BK);
-      }
-#pragma unroll
-      for (int k = 0; k < BK; ++k) warp_tile_step<kP>(acc, As[cur], Bs[cur], k, wt);
-    }
     __syncthreads();
   }
   warp_tile_store(acc, y, b, M, N, m0, n0, wt, vec_out);
@@ -518,6 +499,12 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
 #ifdef LAB_SM80
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+#endif
+}
+// 4-byte async copy (cp.async.ca: the only variant for sizes 4 and 8); bytes = 0 writes a zero.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int bytes) {
+#ifdef LAB_SM80
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
@@ -570,8 +557,101 @@ __device__ __forceinline__ void mma_16x8(float (&c)[4], const uint32_t (&a)[4], 
 #endif
 }
 
+// v8: v7 fed by asynchronous copies. cp.async moves each element global -> shared in the background (4-byte copies,
+// so they can land transposed; zero-filled past M/N/K, so any K and any alignment works), into a ring of 4 stages:
+// the copies for tile t+3 are in flight while tile t's BK·64 FMAs per thread run, no registers hold them, and there
+// is one barrier per tile. (Staging the next tile through registers instead needs 16 more live registers; at the
+// 128-register cap of 2 blocks per SM ptxas sank those loads below the FMAs, i.e. no overlap at all.)
+// Copy mapping: 8 lanes per row cover 32 contiguous bytes (one sector); the transposed stores of a warp land in
+// 32 distinct banks (word c·132 + r, c < 8, r < 4: bank 4c + r).
+// The per-thread part of the copy that does not change along K, computed once: thread t copies column t % BK of rows
+// t / BK + j·(THREADS / BK), j < ROWS·BK / THREADS. Per tile only the K predicate and the K offset change, which
+// keeps the integer work per tile at a few instructions per copy (recomputing rows and bounds per tile cost ~100
+// integer instructions per 512 FMAs).
+template <int ROWS, int BK, int THREADS, int P>
+struct TileCopy {
+  static constexpr int PASSES = ROWS * BK / THREADS, STEP = THREADS / BK;  // rows apart between passes
+  const float* src;  // row r0 + t/BK of the operand (its first row if that one is out of range)
+  int64_t step;      // STEP rows, in elements
+  uint32_t dst;      // byte offset of s[t%BK][t/BK] inside a stage
+  uint32_t rows_ok;  // bit j: row of pass j is inside the operand
+  int col;
+
+  __device__ __forceinline__ TileCopy(const float* g, int rows_total, int K, int r0) {
+    const int r = threadIdx.x / BK;
+    col = threadIdx.x % BK;
+    step = int64_t(STEP) * K;
+    src = g + (r0 + r < rows_total ? int64_t(r0 + r) * K : 0);
+    dst = uint32_t((col * P + r) * sizeof(float));
+    rows_ok = 0;
+#pragma unroll
+    for (int j = 0; j < PASSES; ++j) rows_ok |= uint32_t(r0 + r + j * STEP < rows_total) << j;
+  }
+  // Copy the tile starting at column k0 into the stage at shared address `stage`. Interior tiles (every row in
+  // range, the whole BK inside K) take the branch without predicates.
+  __device__ __forceinline__ void issue(uint32_t stage, int k0, int K) const {
+    if (rows_ok == (1u << PASSES) - 1 && k0 + BK <= K) {
+      const float* p = src + k0 + col;
+#pragma unroll
+      for (int j = 0; j < PASSES; ++j) cp_async4(stage + dst + j * STEP * sizeof(float), p + j * step, 4);
+      return;
+    }
+    const bool k_ok = k0 + col < K;
+#pragma unroll
+    for (int j = 0; j < PASSES; ++j) {
+      const bool ok = k_ok && ((rows_ok >> j) & 1u);
+      // a skipped copy (bytes = 0) reads nothing but is still given an address inside the operand
+      cp_async4(stage + dst + j * STEP * sizeof(float), ok ? src + j * step + k0 + col : src, ok ? 4 : 0);
+    }
+  }
+};
+
+// v8 (NQ = 2: 8x8 per thread, 256 threads) and v9 (NQ = 4: 8x16 per thread, 128 threads): the same kernel.
+template <int NQ, int BK, int STAGES>
+__global__ void __launch_bounds__(WarpTile<NQ>::THREADS, 2)
+    async_copy_warptile(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+                        float* __restrict__ y, int M, int N, int K, bool vec_out) {
+  constexpr int THREADS = WarpTile<NQ>::THREADS;
+  __shared__ __align__(16) float As[STAGES][BK][kP];
+  __shared__ __align__(16) float Bs[STAGES][BK][kP];
+  constexpr uint32_t kStage = BK * kP * sizeof(float);
+  const Tile tl = tile_of(blockIdx.x, int(lab::ceil_div(M, kBM)), int(lab::ceil_div(N, kBN)));
+  const int m0 = tl.m * kBM, n0 = tl.n * kBN;
+  const TileCopy<kBM, BK, THREADS, kP> cx(x, M, K, m0);
+  const TileCopy<kBN, BK, THREADS, kP> cw(w, N, K, n0);
+  const uint32_t sa = smem_u32(As), sb = smem_u32(Bs);
+  const WarpTile<NQ> wt;
+  float acc[8][4 * NQ] = {};
+  const int nk = int(lab::ceil_div(K, BK));
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nk) {
+      cx.issue(sa + s * kStage, s * BK, K);
+      cw.issue(sb + s * kStage, s * BK, K);
+    }
+    cp_async_commit();
+  }
+  int load_slot = STAGES - 1, cur = 0;
+  for (int t = 0; t < nk; ++t) {
+    cp_async_wait<STAGES - 2>();  // this thread's copies of tile t have landed ...
+    __syncthreads();              // ... everyone's; and the slot read at t-1 (refilled next) is free
+    if (t + STAGES - 1 < nk) {
+      cx.issue(sa + load_slot * kStage, (t + STAGES - 1) * BK, K);
+      cw.issue(sb + load_slot * kStage, (t + STAGES - 1) * BK, K);
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int k = 0; k < BK; ++k) warp_tile_step<kP, NQ>(acc, As[cur], Bs[cur], k, wt);
+    load_slot = load_slot + 1 == STAGES ? 0 : load_slot + 1;
+    cur = cur + 1 == STAGES ? 0 : cur + 1;
+  }
+  cp_async_wait<0>();
+  warp_tile_store<NQ>(acc, y, b, M, N, m0, n0, wt, vec_out);
+}
+constexpr int kAsyncBK = 8, kAsyncStages = 4;  // 4 x 8.4 KB of shared memory
+
 // ---------------------------------------------------------------------------------------------------------------
-// v9 / v10: mma.sync tensor cores. 128x128 block tile, 8 warps as 2 (m) x 4 (n), warp tile 64x32 = 4x4 MMA tiles.
+// v10 / v11: mma.sync tensor cores. 128x128 block tile, 8 warps as 2 (m) x 4 (n), warp tile 64x32 = 4x4 MMA tiles.
 // Each stage holds 64 bytes of K (TF32: 16, bf16: 32 elements) for 128 rows of x and 128 rows of W, rows padded to
 // 80 B so the 8 row addresses of an ldmatrix fall in 8 different 16-B bank groups (80·r mod 128 distinct, r < 8).
 // Per 32 bytes of K (one MMA k-step, k8 TF32 / k16 bf16) the fragment addressing is the same in bytes for both
@@ -586,7 +666,7 @@ constexpr int SMEM = STAGES * STAGE_BYTES;  // 80 KB
 }  // namespace mma
 
 template <class T, bool kVec>
-__global__ void __launch_bounds__(256) v9_mma_sync(const T* __restrict__ x, const T* __restrict__ w,
+__global__ void __launch_bounds__(256) v10_mma_sync(const T* __restrict__ x, const T* __restrict__ w,
                                                    const T* __restrict__ b, T* __restrict__ y, int M, int N, int K,
                                                    bool vec_out) {
 #ifdef LAB_SM80
@@ -682,7 +762,7 @@ __global__ void __launch_bounds__(256) v9_mma_sync(const T* __restrict__ x, cons
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// v11 / v12: Hopper. TMA writes each stage in the 128-B swizzled K-major layout (rows of 128 B = 32 fp32 or 64 bf16
+// v12 / v13: Hopper. TMA writes each stage in the 128-B swizzled K-major layout (rows of 128 B = 32 fp32 or 64 bf16
 // along K, 16-B chunks XOR-ed with row % 8); wgmma reads it through a shared-memory descriptor: start address,
 // stride between 8-row groups (SBO = 1024 B), swizzle mode. One wgmma covers 32 bytes of K (k8 TF32, k16 bf16), so
 // the k-th step of a stage starts 32·k bytes into the row (the swizzle is applied on the address, base 1024-aligned).
@@ -911,7 +991,7 @@ __device__ __forceinline__ void wgmma_step(float* d, uint64_t da, uint64_t db) {
 }
 
 template <class T, int BN>
-__global__ void __launch_bounds__(384, 1) v11_wgmma(const __grid_constant__ CUtensorMap tmx,
+__global__ void __launch_bounds__(384, 1) v12_wgmma(const __grid_constant__ CUtensorMap tmx,
                                                     const __grid_constant__ CUtensorMap tmw, const T* __restrict__ b,
                                                     T* __restrict__ y, int M, int N, int K, bool vec_out) {
 #ifdef LAB_SM90A
@@ -979,10 +1059,14 @@ __global__ void __launch_bounds__(384, 1) v11_wgmma(const __grid_constant__ CUte
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// v13: GEMV for small M. One warp per W row (grid-stride over rows), MR rows of x per pass. Each lane keeps U
-// 16-B loads of W in flight before using them (the whole row of fc_out is 10 per lane); W is read with
-// ld.global.nc.L1::no_allocate (read once: keep L1 for x, which every warp of the SM re-reads). Memory-bound:
-// bytes = N·K·4 (+ small x, y); M > MR re-reads W once per pass, from L2 when it fits.
+// v14: GEMV for small M. One warp per W row; a lane issues all U of its 16-byte loads of the row (predicated past
+// the end) before the first FMA, so a row costs one memory round trip (K = 1280: 10 loads per lane; U = 12 covers
+// K <= 1536 in one batch). W is read with ld.global.nc.L1::no_allocate (read once); x (M <= MR rows) is staged in
+// shared memory once per block. The grid is what fits on the GPU at once (one wave); warp w of block g takes rows
+// w·G + g, w·G + g + 8G, ..., so the rows in flight are spread evenly over the SMs. Memory-bound: bytes = N·K·4.
+// (The first version, one row per warp for all 5893 rows, 8 + 2 loads per lane, x through L1, took 18.9 us at
+// fc_out batch 1 on the H100 = 53% of copy: 5 blocks per SM fit, so 737 blocks ran as a wave and a 12% tail, and
+// every row cost two memory round trips.)
 // ---------------------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float4 ldg_stream(const float4* p) {
   float4 v;
@@ -995,14 +1079,21 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
   return fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, a.w * b.w)));
 }
 
-template <int MR, bool kVec>
-__global__ void __launch_bounds__(256) v13_gemv(const float* __restrict__ x, const float* __restrict__ w,
+// kVec: K % 4 == 0 and 16-byte aligned x, W (else scalar loads); kSmemX: x (M <= MR rows) staged in shared memory.
+template <int MR, int U, bool kVec, bool kSmemX>
+__global__ void __launch_bounds__(256) v14_gemv(const float* __restrict__ x, const float* __restrict__ w,
                                                 const float* __restrict__ b, float* __restrict__ y, int M, int N,
                                                 int K) {
-  constexpr int U = 8;
+  extern __shared__ __align__(16) float xs[];
   const int lane = threadIdx.x % 32;
-  const int64_t nwarps = int64_t(gridDim.x) * 8;
-  for (int64_t n = int64_t(blockIdx.x) * 8 + threadIdx.x / 32; n < N; n += nwarps) {
+  if constexpr (kSmemX) {
+    const int n4 = M * K / 4;
+    for (int i = threadIdx.x; i < n4; i += blockDim.x)
+      reinterpret_cast<float4*>(xs)[i] = __ldg(reinterpret_cast<const float4*>(x) + i);
+    __syncthreads();
+  }
+  const int64_t stride = int64_t(gridDim.x) * 8;
+  for (int64_t n = int64_t(threadIdx.x / 32) * gridDim.x + blockIdx.x; n < N; n += stride) {
     const float* wr = w + n * K;
     for (int m0 = 0; m0 < M; m0 += MR) {
       const int rows = min(MR, M - m0);
@@ -1010,25 +1101,20 @@ __global__ void __launch_bounds__(256) v13_gemv(const float* __restrict__ x, con
       if constexpr (kVec) {
         const int K4 = K / 4;
         const float4* w4 = reinterpret_cast<const float4*>(wr);
-        int k = lane;
-        for (; k + 32 * (U - 1) < K4; k += 32 * U) {
+        const float4* x4 = reinterpret_cast<const float4*>(kSmemX ? xs : x + int64_t(m0) * K);
+        for (int k = lane; k < K4; k += 32 * U) {
           float4 wv[U];
 #pragma unroll
-          for (int u = 0; u < U; ++u) wv[u] = ldg_stream(w4 + k + 32 * u);
+          for (int u = 0; u < U; ++u)
+            wv[u] = k + 32 * u < K4 ? ldg_stream(w4 + k + 32 * u) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
           for (int r = 0; r < MR; ++r) {
             if (r < rows) {
-              const float4* x4 = reinterpret_cast<const float4*>(x + int64_t(m0 + r) * K);
 #pragma unroll
-              for (int u = 0; u < U; ++u) acc[r] += dot4(wv[u], __ldg(x4 + k + 32 * u));
+              for (int u = 0; u < U; ++u)
+                if (k + 32 * u < K4) acc[r] += dot4(wv[u], x4[int64_t(r) * K4 + k + 32 * u]);
             }
           }
-        }
-        for (; k < K4; k += 32) {
-          const float4 wv = ldg_stream(w4 + k);
-#pragma unroll
-          for (int r = 0; r < MR; ++r)
-            if (r < rows) acc[r] += dot4(wv, __ldg(reinterpret_cast<const float4*>(x + int64_t(m0 + r) * K) + k));
         }
       } else {
         for (int k = lane; k < K; k += 32) {
@@ -1050,6 +1136,23 @@ __global__ void __launch_bounds__(256) v13_gemv(const float* __restrict__ x, con
       }
     }
   }
+}
+
+// The launch of v14 for one configuration: the grid is the number of blocks resident at once (or fewer, one row
+// per warp), or `blocks` when given (> 0; the tuning sweep).
+template <int MR, int U, bool kVec, bool kSmemX>
+cudaError_t launch_gemv_cfg(const float* x, const float* w, const float* b, float* y, int M, int N, int K,
+                            int blocks, cudaStream_t s) {
+  auto kernel = v14_gemv<MR, U, kVec, kSmemX>;
+  const int smem = kSmemX ? M * K * int(sizeof(float)) : 0;
+  if (blocks <= 0) {
+    int per_sm = 0;
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, smem);
+    if (e != cudaSuccess) return e;
+    blocks = int(std::min<int64_t>(lab::ceil_div(N, 8), int64_t(std::max(per_sm, 1)) * lab::sm_count()));
+  }
+  kernel<<<unsigned(blocks), 256, smem, s>>>(x, w, b, y, M, N, K);
+  return cudaGetLastError();
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1105,7 +1208,7 @@ cudaError_t launch_mma(const T* x, const T* w, const T* b, T* y, int M, int N, i
   if (device_major() < 8) return cudaErrorNotSupported;  // mma.sync / cp.async / ldmatrix need sm_80+
   const int64_t g = tiles(M, N, mma::BM, mma::BN);
   if (g > kMaxGrid) return cudaErrorInvalidConfiguration;
-  auto kernel = vec_in ? v9_mma_sync<T, true> : v9_mma_sync<T, false>;
+  auto kernel = vec_in ? v10_mma_sync<T, true> : v10_mma_sync<T, false>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mma::SMEM);
   if (e != cudaSuccess) return e;
   kernel<<<unsigned(g), mma::THREADS, mma::SMEM, s>>>(x, w, b, y, M, N, K, vec_out);
@@ -1122,14 +1225,14 @@ cudaError_t launch_wgmma_bn(const T* x, const T* w, const T* b, T* y, int M, int
     return cudaErrorInvalidValue;
   const int64_t g = tiles(M, N, C::BM, BN);
   if (g > kMaxGrid) return cudaErrorInvalidConfiguration;
-  auto kernel = v11_wgmma<T, BN>;
+  auto kernel = v12_wgmma<T, BN>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (e != cudaSuccess) return e;
   kernel<<<unsigned(g), 384, C::SMEM, s>>>(tmx, tmw, b, y, M, N, K, vec_out);
   return cudaGetLastError();
 }
 
-// v11/v12: 128x256 tiles when they fill the GPU, else 128x128 (twice the blocks: fc_out at M = 128 has 24 tiles of
+// v12/v13: 128x256 tiles when they fill the GPU, else 128x128 (twice the blocks: fc_out at M = 128 has 24 tiles of
 // 256 columns for 132 SMs). TMA needs 16-byte aligned rows: otherwise the mma.sync kernel of the same precision.
 template <class T>
 cudaError_t launch_wgmma(const T* x, const T* w, const T* b, T* y, int M, int N, int K, bool vec_out,
@@ -1140,6 +1243,18 @@ cudaError_t launch_wgmma(const T* x, const T* w, const T* b, T* y, int M, int N,
   if (tiles(M, N, 128, 256) >= lab::sm_count()) return launch_wgmma_bn<T, 256>(x, w, b, y, M, N, K, vec_out, s);
   return launch_wgmma_bn<T, 128>(x, w, b, y, M, N, K, vec_out, s);
 }
+
+template <int NQ, int BK, int STAGES>
+cudaError_t launch_async(const float* x, const float* w, const float* b, float* y, int M, int N, int K, bool vec_out,
+                         cudaStream_t s) {
+  if (device_major() < 8) return cudaErrorNotSupported;  // cp.async: sm_80+
+  const int64_t g = tiles(M, N, kBM, kBN);
+  if (g > kMaxGrid) return cudaErrorInvalidConfiguration;
+  async_copy_warptile<NQ, BK, STAGES><<<unsigned(g), WarpTile<NQ>::THREADS, 0, s>>>(x, w, b, y, M, N, K, vec_out);
+  return cudaGetLastError();
+}
+
+constexpr int kGemvU = 12;  // 16-byte loads in flight per lane in v14 (K <= 1536 in one batch; 75 registers at M = 1)
 
 cudaError_t forward_f32(int version, const float* x, const float* w, const float* b, float* y, int M, int N, int K,
                         cudaStream_t s) {
@@ -1184,20 +1299,22 @@ cudaError_t forward_f32(int version, const float* x, const float* w, const float
       else if (version == 7)
         (vec_in ? v7_warptile<true> : v7_warptile<false>)<<<unsigned(g), 256, 0, s>>>(x, w, b, y, M, N, K, vec4_out);
       else
-        (vec_in ? v8_double_buffer<true, kV8BK> : v8_double_buffer<false, kV8BK>)<<<unsigned(g), 256, 0, s>>>(
-            x, w, b, y, M, N, K, vec4_out);
+        return launch_async<2, kAsyncBK, kAsyncStages>(x, w, b, y, M, N, K, vec4_out, s);
       break;
     case 9:
+      return launch_async<4, kAsyncBK, kAsyncStages>(x, w, b, y, M, N, K, vec4_out, s);
+    case 10:
       return launch_mma<float>(x, w, b, y, M, N, K, vec_in, vec2_out, s);
-    case 11:
+    case 12:
       return launch_wgmma<float>(x, w, b, y, M, N, K, vec2_out, s);
-    case 13: {
-      const unsigned blocks = unsigned(std::min<int64_t>(lab::ceil_div(N, 8), int64_t(lab::sm_count()) * 8));
+    case 14: {
+      if (!vec_in) return launch_gemv_cfg<4, 1, false, false>(x, w, b, y, M, N, K, 0, s);
+      const bool smem_x = M <= 4 && int64_t(M) * K * 4 <= 48 * 1024;
       if (M == 1)
-        (vec_in ? v13_gemv<1, true> : v13_gemv<1, false>)<<<blocks, 256, 0, s>>>(x, w, b, y, M, N, K);
-      else
-        (vec_in ? v13_gemv<4, true> : v13_gemv<4, false>)<<<blocks, 256, 0, s>>>(x, w, b, y, M, N, K);
-      break;
+        return smem_x ? launch_gemv_cfg<1, kGemvU, true, true>(x, w, b, y, M, N, K, 0, s)
+                      : launch_gemv_cfg<1, kGemvU, true, false>(x, w, b, y, M, N, K, 0, s);
+      return smem_x ? launch_gemv_cfg<4, kGemvU, true, true>(x, w, b, y, M, N, K, 0, s)
+                    : launch_gemv_cfg<4, kGemvU, true, false>(x, w, b, y, M, N, K, 0, s);
     }
     default:
       return cudaErrorInvalidValue;
@@ -1212,9 +1329,9 @@ cudaError_t forward_bf16(int version, const bf16* x, const bf16* w, const bf16* 
   const bool vec_in = K % 8 == 0 && aligned(x, 16) && aligned(w, 16);
   const bool vec2_out = N % 2 == 0 && aligned(y, 4) && (!b || aligned(b, 4));
   switch (version) {
-    case 10:
+    case 11:
       return launch_mma<bf16>(x, w, b, y, M, N, K, vec_in, vec2_out, s);
-    case 12:
+    case 13:
       return launch_wgmma<bf16>(x, w, b, y, M, N, K, vec2_out, s);
     default:
       return cudaErrorInvalidValue;
@@ -1224,7 +1341,7 @@ cudaError_t forward_bf16(int version, const bf16* x, const bf16* w, const bf16* 
 }  // namespace linear
 
 // ---- the launchers cpp_src/linear.cpp calls ----------------------------------------------------------------------
-// version: 1..9, 11, 13 take float32 (v9/v11 multiply in TF32); 10 and 12 take bfloat16 (passed as raw 16-bit).
+// version: 1..10, 12, 14 take float32 (v10/v12 multiply in TF32); 11 and 13 take bfloat16 (passed as raw 16-bit).
 cudaError_t linear_forward_f32(int version, const float* x, const float* w, const float* b, float* y, int M, int N,
                                int K, cudaStream_t stream) {
   return linear::forward_f32(version, x, w, b, y, M, N, K, stream);

@@ -16,15 +16,32 @@
 //   v1: one thread per pair: 2 scalar loads, cos and sin from the tables, 2 scalar stores; one launch per tensor.
 //   v2: 16-byte vectors and several heads per thread: a thread owns 16 bytes of the first half of a row and the
 //       matching 16 bytes of the second half (V = 16 / sizeof(T) pairs), loads its V cos/sin once and applies them
-//       to kRows heads at the same (batch, seq) position, all loads in flight before the first store.
+//       to kRows heads at the same (batch, seq) position, all loads in flight before the first store; consecutive
+//       threads walk memory in order.
 //   v3: q and k in one launch: one grid covers the rows of both (one launch and one tail instead of two).
 //
 // Napkin math (H100, bf16 (8, 32, 2048, 128), one tensor): 2^26 elements, 134 MB read + 134 MB written; the tables
-// are 2048 x 64 x 4 B x 2 = 1 MB and stay in L2. At the measured copy bandwidth (~2.98 TB/s, read + write) that is
-// 90 us: the floor. Arithmetic: 3 FLOP per element, 0.2 GFLOP, ~3 us of FP32 rate: irrelevant. So the whole game is
-// bytes in flight per SM and instruction count per byte:
+// are 2048 x 64 x 4 B x 2 = 1 MB and stay in L2. At the measured copy bandwidth (~3.0 TB/s, read + write, 1 GiB)
+// that is 90 us: the floor. Arithmetic: 3 FLOP per element, 0.2 GFLOP, ~3 us of FP32 rate: irrelevant. So the game
+// is bytes in flight per SM and memory instructions per byte:
 //   v1 issues 6 memory instructions per 4 bytes of tensor read (2-byte loads, 4-byte table loads, 2-byte stores);
 //   v2 issues 4 per 32 bytes (two 16-byte loads, two 16-byte stores), plus the table once per kRows heads.
+//
+// Measured (H100 80GB HBM3, torch 2.11, CUDA events, L2 flushed before every run; the helper's runs of 2026-11-22):
+//   copy_ of the same 134 MB           93.8 us  2861 GB/s   <- what a plain copy of these bytes reaches
+//   v1                                197.4 us  1360 GB/s   45% of the copy ceiling (2-byte accesses)
+//   v2 (2 heads per thread)            95.4 us  2815 GB/s   94% of the ceiling, 98% of copy_'s speed
+//   v2 backward                        95.4 us              the same kernel with -sin
+//   q and k, v2 (two launches)        188.6 us
+//   q and k, v3 (one launch)          184.9 us  2903 GB/s   1.94x one tensor
+//   eager rotate_half                 1392 us              ~6 full passes, several in fp32
+//   torch.compile                      96.4 us (forward, an earlier run), 182.5 us (q and k), 264 us (backward)
+// Heads per thread 1, 2, 4, 8: 95.5, 95.4, 96.4, 98.0 us. Sharing the cos/sin row across heads buys nothing here
+// (L1 and L2 presumably serve the repeated table reads already), and 4 or 8 heads cost registers (78, 128) and so
+// occupancy. The 1.7% left to copy_'s time would be the table reads and the index arithmetic (not measured apart).
+// For q and k, Inductor's fused kernel is 1.6% faster than v3 at seq 2048 (182.5 vs 185.4 us, same run) and 0.8%
+// slower at seq 4096; bf16 tables were slower than fp32 ones (101.5 vs 95.5 us). Neither was investigated further
+// (no device time left).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -150,9 +167,12 @@ __device__ __forceinline__ void rotate(uint4& ua, uint4& ub, const A* c, const A
   }
 }
 
-// Thread t -> (position bs = b*S + s, chunk of kRows heads, lane j). Lanes are fastest, so a warp covers 32/lanes
-// chunks of one position: each load instruction touches whole 128-byte half rows. 32-bit index math (the launcher
-// checks the thread count fits); chunks never straddle the two tensors.
+// Thread t -> (lane j, chunk of kRows heads, batch b, position s), ordered so that consecutive threads walk memory
+// in order: lanes fastest, then for "bshd" the chunks of one position (its heads are adjacent rows), for "bhsd" the
+// positions of one chunk (a head's positions are adjacent rows). A warp's load instruction then covers whole
+// 128-byte half rows of 32/lanes adjacent rows. (Walking bhsd position-major instead — 32 heads, 512 KB apart, in
+// one block — took 99.1 us against 96.4 us in memory order, 4 heads per thread, bf16 (8, 32, 2048, 128), H100.)
+// 32-bit index math (the launcher checks the thread count fits); chunks never straddle the two tensors.
 template <class T, class TC, bool kInterleaved, int kRows>
 __global__ void __launch_bounds__(kBlock) rope_v2(const Problem<T, TC> p) {
   using A = typename Acc<T>::type;
@@ -160,16 +180,24 @@ __global__ void __launch_bounds__(kBlock) rope_v2(const Problem<T, TC> p) {
   const unsigned half = unsigned(p.head_dim) / 2, lanes = half / V;
   const unsigned c0 = unsigned((p.heads0 + kRows - 1) / kRows);
   const unsigned chunks = c0 + unsigned((p.heads1 + kRows - 1) / kRows);
+  const unsigned S = unsigned(p.seq);
   const unsigned t = blockIdx.x * kBlock + threadIdx.x;
   const unsigned j = t % lanes, u = t / lanes;
-  const unsigned bs = u / chunks, chunk = u - bs * chunks;
-  if (bs >= unsigned(p.batch * p.seq)) return;
+  unsigned b, s, chunk;
+  if (p.bshd) {  // u = (b*S + s)*chunks + chunk
+    const unsigned bs = u / chunks;
+    chunk = u - bs * chunks, b = bs / S, s = bs - b * S;
+  } else {       // u = (b*chunks + chunk)*S + s
+    const unsigned bc = u / S;
+    s = u - bc * S, b = bc / chunks, chunk = bc - b * chunks;
+  }
+  if (b >= unsigned(p.batch)) return;
   const bool second = chunk >= c0;
   const T* x = second ? p.x1 : p.x0;
   T* y = second ? p.y1 : p.y0;
   const unsigned H = unsigned(second ? p.heads1 : p.heads0);
   const unsigned h0 = (second ? chunk - c0 : chunk) * kRows;
-  const unsigned S = unsigned(p.seq), b = bs / S, s = bs - b * S;
+  const unsigned bs = b * S + s;
   const int64_t D = p.head_dim;
   // element offset of head h0's row, and the distance between consecutive heads' rows
   const int64_t row0 = p.bshd ? (int64_t(bs) * H + h0) * D : ((int64_t(b) * H + h0) * S + s) * D;
@@ -223,14 +251,12 @@ cudaError_t launch_v1(const Problem<T, TC>& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Heads per thread: 4 (the table is then read once per 4 rows, 128 B of loads in flight per thread) unless that
-// leaves too few threads to fill the GPU (decoding: batch * heads rows of one position), then 2 or 1.
+// Heads per thread: 2 (the table is read once per 2 rows, 64 B of loads in flight per thread) unless that leaves
+// too few threads to fill the GPU (decoding: batch * heads rows of one position), then 1. More heads per thread buy
+// nothing (measured: see the header) and 4 or 8 cost registers and occupancy.
 inline int auto_rows(int64_t rows, int64_t lanes) {
   const int64_t fill = int64_t(lab::sm_count()) * 1024;  // half the resident threads of every SM
-  for (int k : {4, 2}) {
-    if (rows / k * lanes >= fill) return k;
-  }
-  return 1;
+  return rows / 2 * lanes >= fill ? 2 : 1;
 }
 
 template <class T, class TC, bool kInterleaved>

@@ -10,8 +10,8 @@ from lab.kernels import linear as L
 from conftest import devices, needs_gpu
 
 FAM = registry.get("linear")
-CUDA_F32 = [v for v in L.IDEAS if v not in ("v10", "v12")]
-CUDA_BF16 = ["v10", "v12"]
+CUDA_F32 = [v for v in L.IDEAS if v not in ("v11", "v13")]
+CUDA_BF16 = ["v11", "v13"]
 
 
 def _versions(device: str, dtype: torch.dtype) -> list[str]:
@@ -28,6 +28,15 @@ def _precision(version: str) -> str | None:
 @pytest.mark.parametrize("op", [o.name for o in FAM.ops])
 def test_every_version_matches_reference(op, device):
     rs = verify.check_op(FAM.op(op), device)
+    assert rs, "no version ran"
+    bad = [r.details() for r in rs if not r.passed]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_large_odd_sizes(device):
+    # The 1000x777x513 and friends (lab.kernels.linear.CHECK_LARGE), every version, two seeds.
+    rs = verify.check_op(FAM.op("linear"), device, shapes=L.CHECK_LARGE, seeds=range(2))
     assert rs, "no version ran"
     bad = [r.details() for r in rs if not r.passed]
     assert not bad, "\n".join(bad)
@@ -101,12 +110,14 @@ def test_misaligned_operands_take_the_scalar_paths(dtype):
 
 
 @needs_gpu
-@pytest.mark.parametrize("version,baseline,dtype", [("v9", "torch.tf32", torch.float32),
-                                                    ("v11", "torch.tf32", torch.float32),
-                                                    ("v10", "torch", torch.bfloat16),
-                                                    ("v12", "torch", torch.bfloat16)])
-def test_tensor_core_error_is_cublas_error(version, baseline, dtype):
+@pytest.mark.parametrize("version,baseline,dtype,factor", [("v10", "torch.tf32", torch.float32, 2),
+                                                           ("v12", "torch.tf32", torch.float32, 3),
+                                                           ("v11", "torch", torch.bfloat16, 2),
+                                                           ("v13", "torch", torch.bfloat16, 2)])
+def test_tensor_core_error_is_cublas_error(version, baseline, dtype, factor):
     # Same precision side by side: our TF32/bf16 error against float64 stays within 2x cuBLAS's own at that precision.
+    # v12 feeds fp32 bits to wgmma, which truncates them to TF32 (v10 rounds with cvt.rna): truncation's error is
+    # 2.6x rounding's in theory and measured so on the H100 (5.4e-4 vs 2.1e-4), hence 3x for it.
     op = FAM.op("linear")
     base = op.version(baseline)
     for seed in range(3):
@@ -114,7 +125,7 @@ def test_tensor_core_error_is_cublas_error(version, baseline, dtype):
         ref = L.linear_ref(x.double(), w.double(), b.double())
         ours = verify.compare(L.linear(x, w, b, version=version), ref).rel_err
         theirs = verify.compare(base.fn(x, w, b), ref).rel_err
-        assert ours <= 2 * theirs, f"{version}: rel err {ours:.2e}, cuBLAS ({baseline}) {theirs:.2e}"
+        assert ours <= factor * theirs, f"{version}: rel err {ours:.2e}, cuBLAS ({baseline}) {theirs:.2e}"
 
 
 @needs_gpu
@@ -124,11 +135,11 @@ def test_gemv_at_the_decoder_shape():
     layer = torch.nn.Linear(1280, 5893).cuda()
     x = torch.randn(1280, generator=g).cuda()
     ref = torch.nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
-    for v in ("v13", L.BEST_SIMT, "v11"):
+    for v in ("v14", L.BEST_SIMT, "v12"):
         y = L.linear(x, layer.weight, layer.bias, version=v)
         assert y.shape == (5893,)
         verify.assert_close(y, ref, torch.float32, _precision(v), what=v)
-    assert L.default_version(x) == "v13"
+    assert L.default_version(x) == "v14"
 
 
 @pytest.mark.parametrize("device", devices())
@@ -175,9 +186,9 @@ def test_cuda_bad_input():
         L.linear(x, w.cpu(), version="v8")
     with pytest.raises(ValueError, match=r"bias must be on the same device as x \(cuda:0\), got cpu"):
         L.linear(x, w, torch.randn(3), version="v8")
-    with pytest.raises(TypeError, match=r"version 10 takes BFloat16 tensors \(x, weight, bias, out\), got Float"):
-        L.linear(x, w, version="v10")
+    with pytest.raises(TypeError, match=r"version 11 takes BFloat16 tensors \(x, weight, bias, out\), got Float"):
+        L.linear(x, w, version="v11")
     with pytest.raises(TypeError, match=r"version 8 takes Float tensors \(x, weight, bias, out\), got BFloat16"):
         L.linear(x.bfloat16(), w.bfloat16(), version="v8")
-    with pytest.raises(ValueError, match=r"CUDA versions are 1..13, got 14"):
-        L.linear(x, w, version="v14")
+    with pytest.raises(ValueError, match=r"CUDA versions are 1..14, got 15"):
+        L.linear(x, w, version="v15")

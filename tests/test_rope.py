@@ -167,6 +167,52 @@ def test_autograd_gradients_match_float64_autograd(dtype, device):
         verify.assert_close((q.grad, k.grad), (q64.grad, k64.grad), dtype, what=f"{v} gradients")
 
 
+# ---- CUDA only ----------------------------------------------------------------------------------------------------
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_rows_per_thread_on_a_full_grid(dtype):
+    # Shapes big enough that the launcher's own choice would be 4 heads per thread; force each choice, with head
+    # counts that leave partial chunks (13 and 3 are not multiples of 2, 4 or 8).
+    for layout in ("bhsd", "bshd"):
+        dims = (lambda n: (4, n, 700, 128)) if layout == "bhsd" else (lambda n: (4, 700, n, 128))
+        q, k = _rand(dims(13), dtype, "cuda", 13), _rand(dims(3), dtype, "cuda", 14)
+        cos, sin = R.rope_tables(800, 128, device="cuda")
+        for interleaved in (False, True):
+            ref = R.rope_qk_ref(*_f64(q, k, cos, sin), 77, layout, interleaved)
+            for v in ("v2", "v3"):
+                for rows in (0, 1, 2, 4, 8):
+                    got = R.rope_qk(q, k, cos, sin, 77, layout, interleaved, version=v, rows_per_thread=rows)
+                    verify.assert_close(got, ref, dtype, what=f"{v} rows={rows} {layout} interleaved={interleaved}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+def test_misaligned_views_take_the_scalar_path(version):
+    # Views that start 4 bytes past a 16-byte boundary: v2/v3 must fall back to v1's path, not fault or misread.
+    shape, n = (2, 3, 7, 64), 2 * 3 * 7 * 64
+    base = _rand((2 * n + 2,), torch.float32, "cuda", 15)
+    q, k = base[1:n + 1].view(shape), base[n + 2:].view(shape)
+    tbase = _rand((2 * 20 * 32 + 1,), torch.float32, "cuda", 16)
+    cos, sin = tbase[1:641].view(20, 32), tbase[641:].view(20, 32)
+    outs = (torch.empty(n + 1, device="cuda")[1:].view(shape), torch.empty(n + 1, device="cuda")[1:].view(shape))
+    got = R.rope_qk(q, k, cos, sin, 9, out=outs, version=version)
+    verify.assert_close(got, R.rope_qk_ref(*_f64(q, k, cos, sin), 9), torch.float32)
+
+
+@needs_gpu
+def test_baselines_compute_the_same_function():
+    # the timed baselines must be right too (they are not part of verify.check_op)
+    for op, shape in (("rope", R.make_shape(2, 4, 33, 64, 5, "bshd")),
+                      ("rope_qk", R.make_shape(2, 4, 9, 32, kv_heads=2)),
+                      ("rope_bwd", R.make_shape(1, 3, 17, 64, 2, "bhsd", "interleaved"))):
+        o = FAM.op(op)
+        inputs = o.make_inputs(shape, torch.bfloat16, "cuda", torch.Generator().manual_seed(17))
+        ref = o.reference(*verify.upcast(inputs))
+        for name in ("torch", "torch.compile"):
+            verify.assert_close(o.version(name).fn(*inputs), ref, torch.bfloat16, what=f"{op} {name}")
+
+
+# ---- bad input ------------------------------------------------------------------------------------------------
 def test_apply_rope_refuses_table_gradients():
     cos, sin = R.rope_tables(8, 8)
     x = torch.randn(1, 1, 8, 8)
@@ -228,53 +274,8 @@ def test_cuda_version_on_cpu_tensor_is_refused():
         R.rope(torch.randn(1, 1, 5, 8), cos, sin, version="v2")
 
 
-# ---- CUDA only ----------------------------------------------------------------------------------------------------
 @needs_gpu
 def test_tables_on_another_device_are_refused():
     cos, sin = R.rope_tables(5, 8)
     with pytest.raises(ValueError, match=r"cos must be on the same device as x \(cuda:0\), got cpu"):
         R.rope(torch.randn(1, 1, 5, 8, device="cuda"), cos, sin)
-
-
-@needs_gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_rows_per_thread_on_a_full_grid(dtype):
-    # Shapes big enough that the launcher's own choice would be 4 heads per thread; force each choice, with head
-    # counts that leave partial chunks (13 and 3 are not multiples of 2, 4 or 8).
-    for layout in ("bhsd", "bshd"):
-        dims = (lambda n: (4, n, 700, 128)) if layout == "bhsd" else (lambda n: (4, 700, n, 128))
-        q, k = _rand(dims(13), dtype, "cuda", 13), _rand(dims(3), dtype, "cuda", 14)
-        cos, sin = R.rope_tables(800, 128, device="cuda")
-        for interleaved in (False, True):
-            ref = R.rope_qk_ref(*_f64(q, k, cos, sin), 77, layout, interleaved)
-            for v in ("v2", "v3"):
-                for rows in (0, 1, 2, 4, 8):
-                    got = R.rope_qk(q, k, cos, sin, 77, layout, interleaved, version=v, rows_per_thread=rows)
-                    verify.assert_close(got, ref, dtype, what=f"{v} rows={rows} {layout} interleaved={interleaved}")
-
-
-@needs_gpu
-@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
-def test_misaligned_views_take_the_scalar_path(version):
-    # Views that start 4 bytes past a 16-byte boundary: v2/v3 must fall back to v1's path, not fault or misread.
-    shape, n = (2, 3, 7, 64), 2 * 3 * 7 * 64
-    base = _rand((2 * n + 2,), torch.float32, "cuda", 15)
-    q, k = base[1:n + 1].view(shape), base[n + 2:].view(shape)
-    tbase = _rand((2 * 20 * 32 + 1,), torch.float32, "cuda", 16)
-    cos, sin = tbase[1:641].view(20, 32), tbase[641:].view(20, 32)
-    outs = (torch.empty(n + 1, device="cuda")[1:].view(shape), torch.empty(n + 1, device="cuda")[1:].view(shape))
-    got = R.rope_qk(q, k, cos, sin, 9, out=outs, version=version)
-    verify.assert_close(got, R.rope_qk_ref(*_f64(q, k, cos, sin), 9), torch.float32)
-
-
-@needs_gpu
-def test_baselines_compute_the_same_function():
-    # the timed baselines must be right too (they are not part of verify.check_op)
-    for op, shape in (("rope", R.make_shape(2, 4, 33, 64, 5, "bshd")),
-                      ("rope_qk", R.make_shape(2, 4, 9, 32, kv_heads=2)),
-                      ("rope_bwd", R.make_shape(1, 3, 17, 64, 2, "bhsd", "interleaved"))):
-        o = FAM.op(op)
-        inputs = o.make_inputs(shape, torch.bfloat16, "cuda", torch.Generator().manual_seed(17))
-        ref = o.reference(*verify.upcast(inputs))
-        for name in ("torch", "torch.compile"):
-            verify.assert_close(o.version(name).fn(*inputs), ref, torch.bfloat16, what=f"{op} {name}")
