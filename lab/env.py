@@ -57,7 +57,11 @@ def default_device() -> torch.device:
 
 @functools.lru_cache(maxsize=None)
 def git_commit() -> str:
-    """Short commit of the working tree, with '+dirty' when sources differ from it; 'unknown' outside git."""
+    """Short commit of the working tree, with '+dirty' when sources differ from it; 'unknown' outside git.
+
+    $LAB_COMMIT overrides it: a copy of the tree without .git (the lent GPU box) is told which commit it is."""
+    if os.environ.get("LAB_COMMIT"):
+        return os.environ["LAB_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True, timeout=5).stdout.strip()
