@@ -78,14 +78,16 @@ def main(argv=None) -> int:
     p.add_argument("names", nargs="*")
     a = p.parse_args(argv)
     paths = notebooks(a.names)
-    if a.cmd == "run":
-        for nb in paths:
-            execute(nb)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            for nb in paths:
-                execute(nb, Path(tmp) / nb.name)
-    return 0
+    failed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for nb in paths:  # one failing notebook does not stop the others
+            try:
+                execute(nb, None if a.cmd == "run" else Path(tmp) / nb.name)
+            except Exception as e:  # nbclient's CellExecutionError carries the cell and the traceback
+                failed.append(nb.name)
+                print(f"[lab] FAILED {nb.name}: {type(e).__name__}: {str(e)[-1500:]}", flush=True)
+    print(f"[lab] notebooks: {len(paths) - len(failed)}/{len(paths)} ran" + (f"; failed: {failed}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
