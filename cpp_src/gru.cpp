@@ -1,12 +1,12 @@
 // gru.cpp — torch-facing functions of the GRU family, and their C++ CPU versions.
 //
 //   gru_forward(x, h0, params, out, h_n, version)  nn.GRU's forward: (seq_len, batch, input) -> out, h_n.
-//       version 0: C++ on the CPU (at::parallel_for); 1, 2, 3: cuda_src/gru.cu's v1, v2, v3 (see its header).
+//       version 0: C++ on the CPU (at::parallel_for); 1..4: cuda_src/gru.cu's v1..v4 (see its header).
 //   gru_gates(gi, gh, b_ih, b_hh, h_prev, h_out)   one GRU cell's pointwise half (gates + update), rows may be
 //       strided: the seq2seq decoder writes h straight into its [emb | h] buffer.
 //   decoder_prep(logits | tokens, tokens_out, emb, gi_table, gi_ctx, xh, gi)   the decoder step's token pick
 //       (argmax) and gathers.
-//   gru_v3_plan(batch, hidden, dtype_code)          how v3 would split the work on this GPU (for the notebook).
+//   v3_plan(batch, hidden, dtype_code, version)      how v3/v4 split the work on this GPU (for the notebook).
 //
 // Every function writes into tensors the caller allocated (the lab poisons them with NaN before a check). CUDA
 // versions run on the current stream; GEMMs go to cuBLAS through ATen: for fp16/bf16 with an fp32 output
@@ -28,9 +28,9 @@ static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERS
 cudaError_t gru_gates(int dtype, const void* gi, int64_t ldgi, const void* gh, int64_t ldgh, const void* b_ih,
                       const void* b_hh, const void* h_prev, int64_t ldhp, void* h_out, int64_t ldho, int B, int H,
                       cudaStream_t stream);
-int gru_v3_plan(int dtype, int B, int H, int* info);
-cudaError_t gru_v3(int dtype, const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
-                   void* out, int T, int B, int H, cudaStream_t stream);
+int gru_v3_plan(int version, int dtype, int B, int H, int* info);
+cudaError_t gru_v3(int version, int dtype, const float* gi, const void* w_hh, const void* b_ih, const void* b_hh,
+                   const void* h0, void* out, int T, int B, int H, cudaStream_t stream);
 cudaError_t gru_decoder_prep(int dtype, const void* logits, int64_t ldl, int V, const int64_t* tok_in,
                              int64_t* tok_out, const void* emb, int E, const void* gtab, const void* gctx, int G3,
                              int vocab, void* xh, int64_t ldxh, void* gi, int B, cudaStream_t stream);
@@ -38,7 +38,7 @@ cudaError_t gru_decoder_prep(int dtype, const void* logits, int64_t ldl, int V, 
 
 namespace {
 
-constexpr int kMaxVersion = 3;
+constexpr int kMaxVersion = 4;
 
 int dtype_code(at::ScalarType t) {
   switch (t) {
@@ -46,8 +46,9 @@ int dtype_code(at::ScalarType t) {
     case at::kHalf: return 1;
     case at::kBFloat16: return 2;
     case at::kDouble: return 3;
-    default: TORCH_CHECK_TYPE(false, "unsupported dtype ", c10::toString(t));
+    default: LAB_CHECK_TYPE(false, "unsupported dtype ", c10::toString(t));
   }
+  return -1;
 }
 
 // The type gates are computed in: float for float/half/bfloat16, double for double.
@@ -60,11 +61,11 @@ std::string param_name(size_t i) {
 
 void check_version(const at::Tensor& x, int64_t version) {
   if (x.is_cuda()) {
-    TORCH_CHECK_VALUE(version >= 1 && version <= kMaxVersion, "gru: CUDA versions are 1..", kMaxVersion, ", got ",
+    LAB_CHECK_VALUE(version >= 1 && version <= kMaxVersion, "gru: CUDA versions are 1..", kMaxVersion, ", got ",
                       version);
   } else {
-    TORCH_CHECK_VALUE(x.device().is_cpu(), "gru: x must be on cpu or cuda, got ", x.device().str());
-    TORCH_CHECK_VALUE(version == 0, "gru: version ", version, " is a CUDA kernel but x is on the CPU (use version 0, "
+    LAB_CHECK_VALUE(x.device().is_cpu(), "gru: x must be on cpu or cuda, got ", x.device().str());
+    LAB_CHECK_VALUE(version == 0, "gru: version ", version, " is a CUDA kernel but x is on the CPU (use version 0, "
                       "the C++ CPU code)");
   }
 }
@@ -83,14 +84,14 @@ std::pair<int64_t, int64_t> check_forward(const at::Tensor& x, const std::option
   lab::check_dtype(x, "x", {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16});
   lab::check_contiguous(x, "x");
   const int64_t T = x.size(0), B = x.size(1), I = x.size(2);
-  TORCH_CHECK_VALUE(T >= 1 && B >= 1 && I >= 1, "x must have seq_len, batch and input_size >= 1, got shape ",
+  LAB_CHECK_VALUE(T >= 1 && B >= 1 && I >= 1, "x must have seq_len, batch and input_size >= 1, got shape ",
                     lab::shape_str(x.sizes()));
-  TORCH_CHECK_VALUE(!params.empty() && params.size() % 4 == 0, "params must hold 4 tensors per layer (w_ih, w_hh, "
+  LAB_CHECK_VALUE(!params.empty() && params.size() % 4 == 0, "params must hold 4 tensors per layer (w_ih, w_hh, "
                     "b_ih, b_hh, as nn.GRU's _flat_weights), got ", params.size());
   const int64_t L = int64_t(params.size() / 4);
   lab::check_dim(params[1], param_name(1).c_str(), 2, "(3*hidden, hidden)");
   const int64_t H = params[1].size(1);
-  TORCH_CHECK_VALUE(H >= 1, param_name(1), " must have hidden >= 1, got shape ", lab::shape_str(params[1].sizes()));
+  LAB_CHECK_VALUE(H >= 1, param_name(1), " must have hidden >= 1, got shape ", lab::shape_str(params[1].sizes()));
   for (int64_t l = 0; l < L; ++l) {
     const int64_t in = l == 0 ? I : H;
     for (int k = 0; k < 4; ++k) {
@@ -99,7 +100,7 @@ std::pair<int64_t, int64_t> check_forward(const at::Tensor& x, const std::option
       const at::Tensor& p = params[i];
       lab::check_defined(p, name.c_str());
       if (k == 0 && l == 0 && p.dim() == 2 && p.size(0) == 3 * H && p.size(1) != I)
-        TORCH_CHECK_VALUE(false, "input size mismatch: x has input_size ", I, " but ", name, " has shape ",
+        LAB_CHECK_VALUE(false, "input size mismatch: x has input_size ", I, " but ", name, " has shape ",
                           lab::shape_str(p.sizes()), " (expected (3*hidden, input_size) = (", 3 * H, ", ", I, "))");
       if (k == 0)
         lab::check_shape(p, name.c_str(), {3 * H, in}, l == 0 ? "(3*hidden, input_size)" : "(3*hidden, hidden)");
@@ -191,9 +192,9 @@ at::Tensor proj(const at::Tensor& x, const at::Tensor& w) {
   return at::mm(x, w.t());
 }
 
-std::string v3_plan_error(int status, const int* info, int64_t B, int64_t H, at::ScalarType dt) {
+std::string v3_plan_error(int64_t version, int status, const int* info, int64_t B, int64_t H, at::ScalarType dt) {
   std::ostringstream o;
-  o << "gru v3 cannot run batch " << B << ", hidden " << H << ", " << c10::toString(dt) << " on this GPU: ";
+  o << "gru v" << version << " cannot run batch " << B << ", hidden " << H << ", " << c10::toString(dt) << " on this GPU: ";
   switch (status) {
     case 1: o << "it keeps W_hh in registers, at most 32 columns per lane over at most 32 lanes, so hidden <= 1024"; break;
     case 2: o << "one block's batch slice (" << info[5] << " rows) and its gate buffers do not fit in shared memory"; break;
@@ -236,10 +237,11 @@ void layer_cuda(int64_t version, const at::Tensor& in, const at::Tensor& w_ih, c
     }
     return;
   }
-  LAB_CUDA_CHECK(gru_v3(dt, gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
+  LAB_CUDA_CHECK(gru_v3(int(version), dt, gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
                         h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), lab::check_int32(Tn, "seq_len"), b, h,
                         st),
-                 "gru v3 persistent kernel (cooperative launch)");
+                 version == 3 ? "gru v3 persistent kernel (cooperative launch)"
+                              : "gru v4 persistent kernel (cooperative launch)");
 }
 #endif
 
@@ -254,9 +256,9 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
   check_version(x, version);
   const bool has_h0 = h0 && h0->defined();
   const int64_t Tn = x.size(0), B = x.size(1);
-  if (version == 3)
-    TORCH_CHECK_TYPE(x.scalar_type() != at::kDouble, "gru v3 supports Float, Half and BFloat16, got Double (v1, v2 "
-                     "and the CPU version take float64)");
+  if (version >= 3)
+    LAB_CHECK_TYPE(x.scalar_type() != at::kDouble, "gru v", version, " supports Float, Half and BFloat16, got "
+                     "Double (v1, v2 and the CPU version take float64)");
   at::Tensor in = x;
   for (int64_t l = 0; l < L; ++l) {
     at::Tensor o = l == L - 1 ? out : at::empty({Tn, B, H}, x.options());  // layer l's output: layer l+1's input
@@ -266,11 +268,11 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
     if (x.is_cuda()) {
 #ifdef LAB_WITH_CUDA
       c10::cuda::CUDAGuard guard(x.device());
-      if (version == 3) {
+      if (version >= 3) {
         int info[10];
-        const int status = gru_v3_plan(dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
+        const int status = gru_v3_plan(int(version), dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
                                        lab::check_int32(H, "hidden"), info);
-        TORCH_CHECK_VALUE(status == 0, v3_plan_error(status, info, B, H, x.scalar_type()));
+        LAB_CHECK_VALUE(status == 0, v3_plan_error(version, status, info, B, H, x.scalar_type()));
       }
       layer_cuda(version, in, w_ih, w_hh, b_ih, b_hh, h0l, o);
       h_n.select(0, l).copy_(o.select(0, Tn - 1));
@@ -296,9 +298,9 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
 namespace {
 void check_rows(const at::Tensor& t, const char* name, int64_t rows, int64_t cols, const char* layout) {
   lab::check_dim(t, name, 2, layout);
-  TORCH_CHECK_VALUE(t.size(0) == rows && t.size(1) == cols, name, " must have shape ", layout, " = (", rows, ", ",
+  LAB_CHECK_VALUE(t.size(0) == rows && t.size(1) == cols, name, " must have shape ", layout, " = (", rows, ", ",
                     cols, "), got ", lab::shape_str(t.sizes()));
-  TORCH_CHECK_VALUE(t.stride(1) == 1 && t.stride(0) >= cols, name, " must have unit stride along its last dimension "
+  LAB_CHECK_VALUE(t.stride(1) == 1 && t.stride(0) >= cols, name, " must have unit stride along its last dimension "
                     "(rows may be strided), got strides ", lab::shape_str(t.strides()));
 }
 }  // namespace
@@ -312,13 +314,13 @@ at::Tensor gru_gates_op(const at::Tensor& gi, const std::optional<at::Tensor>& g
   check_rows(h_out, "h_out", B, H, "(batch, hidden)");
   const at::ScalarType T = h_out.scalar_type(), A = acc_type(T);
   check_rows(gi, "gi", B, 3 * H, "(batch, 3*hidden)");
-  TORCH_CHECK_TYPE(gi.scalar_type() == A, "gi must be ", c10::toString(A), " (the accumulate type of h_out's ",
+  LAB_CHECK_TYPE(gi.scalar_type() == A, "gi must be ", c10::toString(A), " (the accumulate type of h_out's ",
                    c10::toString(T), "), got ", c10::toString(gi.scalar_type()));
   lab::check_same_device(gi, "gi", h_out, "h_out");
   const bool has_gh = gh && gh->defined(), has_bih = b_ih && b_ih->defined(), has_hp = h_prev && h_prev->defined();
   if (has_gh) {
     check_rows(*gh, "gh", B, 3 * H, "(batch, 3*hidden)");
-    TORCH_CHECK_TYPE(gh->scalar_type() == A, "gh must be ", c10::toString(A), ", got ",
+    LAB_CHECK_TYPE(gh->scalar_type() == A, "gh must be ", c10::toString(A), ", got ",
                      c10::toString(gh->scalar_type()));
     lab::check_same_device(*gh, "gh", h_out, "h_out");
   }
@@ -383,7 +385,7 @@ void decoder_prep(const std::optional<at::Tensor>& logits, const std::optional<a
                   const std::optional<at::Tensor>& tokens_out, const at::Tensor& emb, const at::Tensor& gi_table,
                   const at::Tensor& gi_ctx, at::Tensor xh, at::Tensor gi) {
   const bool has_logits = logits && logits->defined(), has_tok = tokens && tokens->defined();
-  TORCH_CHECK_VALUE(has_logits != has_tok, "decoder_prep takes exactly one of logits (greedy: argmax) and tokens "
+  LAB_CHECK_VALUE(has_logits != has_tok, "decoder_prep takes exactly one of logits (greedy: argmax) and tokens "
                     "(given ids), got ", has_logits ? "both" : "neither");
   lab::check_dim(emb, "emb", 2, "(vocab, emb_dim)");
   lab::check_dtype(emb, "emb", {at::kFloat, at::kDouble});
@@ -397,7 +399,7 @@ void decoder_prep(const std::optional<at::Tensor>& logits, const std::optional<a
   lab::check_shape(gi_ctx, "gi_ctx", {B, G}, "(batch, 3*hidden)");
   lab::check_shape(gi, "gi", {B, G}, "(batch, 3*hidden)");
   lab::check_dim(xh, "xh", 2, "(batch, emb_dim + hidden)");
-  TORCH_CHECK_VALUE(xh.size(0) == B && xh.size(1) >= E && xh.stride(1) == 1, "xh must be (batch, >= emb_dim) = (", B,
+  LAB_CHECK_VALUE(xh.size(0) == B && xh.size(1) >= E && xh.stride(1) == 1, "xh must be (batch, >= emb_dim) = (", B,
                     ", >= ", E, ") with unit stride along its last dimension, got shape ", lab::shape_str(xh.sizes()),
                     " strides ", lab::shape_str(xh.strides()));
   using Named = std::pair<const at::Tensor*, const char*>;
@@ -413,7 +415,7 @@ void decoder_prep(const std::optional<at::Tensor>& logits, const std::optional<a
   int64_t ldl = 0, nl = 0;
   if (has_logits) {
     lab::check_dim(*logits, "logits", 2, "(batch, vocab_out)");
-    TORCH_CHECK_VALUE(logits->size(0) == B && logits->size(1) >= 1 && logits->stride(1) == 1, "logits must be (batch, "
+    LAB_CHECK_VALUE(logits->size(0) == B && logits->size(1) >= 1 && logits->stride(1) == 1, "logits must be (batch, "
                       "vocab_out) = (", B, ", n >= 1) with unit stride along its last dimension, got shape ",
                       lab::shape_str(logits->sizes()));
     lab::check_same_dtype(*logits, "logits", emb, "emb");
@@ -461,10 +463,10 @@ void decoder_prep(const std::optional<at::Tensor>& logits, const std::optional<a
         tok[size_t(b)] = bi;
       } else {
         tok[size_t(b)] = tokens->data_ptr<int64_t>()[b];
-        TORCH_CHECK_VALUE(tok[size_t(b)] >= 0 && tok[size_t(b)] < V, "tokens[", b, "] = ", tok[size_t(b)],
+        LAB_CHECK_VALUE(tok[size_t(b)] >= 0 && tok[size_t(b)] < V, "tokens[", b, "] = ", tok[size_t(b)],
                           " is outside the vocabulary [0, ", V, ")");
       }
-      TORCH_CHECK_VALUE(tok[size_t(b)] < V, "argmax of logits[", b, "] = ", tok[size_t(b)], " is outside the "
+      LAB_CHECK_VALUE(tok[size_t(b)] < V, "argmax of logits[", b, "] = ", tok[size_t(b)], " is outside the "
                         "vocabulary of emb [0, ", V, ")");
       if (tok_out) tok_out[b] = tok[size_t(b)];
     }
@@ -486,14 +488,15 @@ void decoder_prep(const std::optional<at::Tensor>& logits, const std::optional<a
 
 // ---- the v3 plan, for the notebook ------------------------------------------------------------------------------
 // [status, kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident]; dtype_code: 0 float32, 1 float16, 2 bfloat16
-std::vector<int64_t> v3_plan(int64_t batch, int64_t hidden, int64_t dtype_code_) {
-  TORCH_CHECK_VALUE(dtype_code_ >= 0 && dtype_code_ <= 2, "dtype_code must be 0 (float32), 1 (float16) or 2 "
+std::vector<int64_t> v3_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t version) {
+  LAB_CHECK_VALUE(dtype_code_ >= 0 && dtype_code_ <= 2, "dtype_code must be 0 (float32), 1 (float16) or 2 "
                     "(bfloat16), got ", dtype_code_);
-  TORCH_CHECK_VALUE(batch >= 1 && hidden >= 1, "batch and hidden must be >= 1, got ", batch, ", ", hidden);
+  LAB_CHECK_VALUE(version == 3 || version == 4, "version must be 3 or 4, got ", version);
+  LAB_CHECK_VALUE(batch >= 1 && hidden >= 1, "batch and hidden must be >= 1, got ", batch, ", ", hidden);
 #ifdef LAB_WITH_CUDA
   int info[10];
-  const int status = gru_v3_plan(int(dtype_code_), lab::check_int32(batch, "batch"), lab::check_int32(hidden, "hidden"),
-                                 info);
+  const int status = gru_v3_plan(int(version), int(dtype_code_), lab::check_int32(batch, "batch"),
+                                 lab::check_int32(hidden, "hidden"), info);
   std::vector<int64_t> out{status};
   for (int i = 0; i < 10; ++i) out.push_back(info[i]);
   return out;
@@ -512,5 +515,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decoder_prep", lab::bind(decoder_prep),
         "decoder_prep(logits|None, tokens|None, tokens_out|None, emb, gi_table, gi_ctx, xh, gi)");
   m.def("v3_plan", lab::bind(v3_plan),
-        "v3_plan(batch, hidden, dtype_code) -> [status, kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident]");
+        "v3_plan(batch, hidden, dtype_code, version) -> [status, kpt, s, hb, ph, pb, bb, bc, smem, blocks, "
+        "max_coresident]");
 }

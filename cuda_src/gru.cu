@@ -20,31 +20,40 @@
 //       unit and stays in registers (fp32) for the whole sequence; each step a block reads h_{t-1} from L2 into
 //       shared memory, computes its units' 3 gate rows for its batch rows, applies the gates, writes h_t, and the
 //       grid meets at one grid.sync(). The input projection is still one cuBLAS GEMM before the launch.
+//   v4: v3 with four batch rows per pass (12 independent FMA chains instead of 6) and the lane reduction as a
+//       reduce-scatter (13 shuffles per 4 rows instead of 48 for a butterfly): the same work, less exposed latency.
 //
-// v3 work split (H = 512, fp32, 132 SMs, 256 threads a block, one block per SM):
+// v3/v4 work split (H = 512, fp32, 132 SMs, 256 threads a block, one block per SM):
 //   - a block owns Hb = 256/S hidden units and Bb batch rows; a unit's 3 rows of W_hh (r, z, n) are spread over S
 //     lanes of one warp, KPT = H/S columns each: float w[3][KPT] in registers (H=512: S=16, KPT=32, 96 registers;
-//     the whole W_hh, 3 MB, lives in the register files of 32 blocks; batch splits into Pb = 4 slices, so 128
-//     blocks, each block holding 96 KB of weights).
-//   - per step a block computes Bb x 3Hb dot products of length H; lanes reduce their partial sums with
-//     __shfl_xor_sync over the S lanes; one thread per (row, unit) applies the gates and keeps its h in fp32 in
-//     shared memory (fp16/bf16 outputs are rounded, the recurrence is not).
+//     the whole W_hh, 3 MB, is spread over the register files of 32 blocks; the batch splits into up to Pb = 4
+//     slices, so up to 128 blocks, each holding 96 KB of weights).
+//   - per step a block computes Bb x 3Hb dot products of length H; lanes reduce their partial sums over the S lanes
+//     with shuffles; one thread per (row, unit) applies the gates and keeps its h in fp32 in shared memory (fp16/bf16
+//     outputs are rounded, the recurrence is not).
 //   - the input projection of the step, x_t W_ih^T (from the up-front GEMM), is prefetched with cp.async *before*
 //     the grid barrier: it does not depend on h, so its latency hides behind the wait.
-// What bounds a step (napkin math, H = 512):
-//   - B <= 8: latency. grid.sync ~1.2 us (measured on this H100), an L2 round trip for h_{t-1} (~0.5 us), 32-FMA
-//     chains and 4 shuffle levels, the gate math and the store: ~2-3 us a step, ~70 us for T = 30 against cuDNN's
-//     ~223 us.
-//   - B = 128: FP32 FMA rate. 2*B*3H*H = 201 MFLOP a step over 128 SMs at ~128 FMA/clk/SM: ~3.5 us; the L2 reads of
-//     h (Pb * B*H*4 B = 1 MB a step... each block reads its Bb rows: 64 KB) take ~1.5 us and the shared-memory reads
-//     of h, 1.3 B per FMA, fit under the FMA time. Plus the barrier: ~5 us a step, ~150 us for T = 30, plus the
-//     input-projection GEMM (3 GFLOP strict fp32, ~60 us): ~210 us against strict-fp32 cuDNN's ~643 us.
+// What bounds a step (napkin math for H = 512, then what the H100 measured; strict fp32, best launch mode, T = 30):
+//   - B <= 8: latency. The grid barrier (~1.2 us measured on this H100), an L2 round trip for h_{t-1}, 32-FMA
+//     chains and the lane reduction, the gate math, and the barrier's fence waiting for h_t's stores: ~2-3 us a step.
+//     Measured v3: 89 us at B = 1 (2.8 us a step) against cuDNN's 235 us (2.6x; the 3x goal is missed by ~13%),
+//     93 us at B = 8 against 223 us (2.4x). Below this needs a cheaper barrier than a grid-wide one (e.g. a thread
+//     block cluster exchanging h through distributed shared memory), not faster arithmetic.
+//   - B = 128: the FP32 FMA pipe. 2*B*3H*H = 201 MFLOP a step over 128 SMs at 128 FMA/clk/SM is ~3.5 us; the L2
+//     reads of h (each block its Bb = 32 rows, 64 KB) take ~1.5 us; plus the barrier. Measured v3: 413 us against
+//     cuDNN's 639 us (1.55x). Taking the input-projection GEMM at ~60 us (3 GFLOP of strict fp32 at cuBLAS's rate;
+//     an estimate, not timed apart) leaves ~11.7 us a step, 3x the FMA time, and the step time grows linearly with
+//     the batch (~0.07 us a row): one block of 8 warps per SM (96 weight registers a thread leave room for no more)
+//     cannot hide the shared-load, FMA-chain and 4-level-butterfly latencies (SASS: ~275 instructions per pair of
+//     rows, ~550 cycles of issue for the 2 warps of a scheduler, against ~970 cycles implied by the step time).
+//     v4 attacks exactly that. B = 256 (Bb = 64): v3 743 us against 858 us (1.16x, the 1.3x
+//     goal missed); B = 64: 238 us against 474 us (2.0x).
 //   - fp16/bf16 use the same FP32 FMA path (weights converted once into fp32 registers, h read as 16-bit and
-//     widened): half the L2 bytes, the same FMA time. The gain over cuDNN bf16 (which uses tensor cores) is
-//     therefore smaller at large batch; see notebooks/03_gru.ipynb for the measured numbers.
-//   Limits of v3: H <= 1024 (KPT <= 32 registers per gate row), all Ph x Pb blocks co-resident (checked with the
-//   occupancy API; the launch fails with a message naming the limit otherwise), Bb x H of h in shared memory per
-//   chunk (larger batch slices are processed in chunks of BC rows).
+//     widened): half the L2 bytes, the same FMA time; cuDNN's bf16 path uses tensor cores, so the gain over it is
+//     smaller at large batch (notebooks/03_gru.ipynb has the measured numbers).
+//   Limits of v3/v4: H <= 1024 (KPT <= 32 registers per gate row), all Ph x Pb blocks co-resident (checked with the
+//   occupancy API; the call fails with a message naming the limit otherwise), Bb x H of h in shared memory per chunk
+//   (larger batch slices are processed in chunks of BC rows).
 //
 // Decoder step (seq2seq, lab/models/seq2seq.py): decoder_prep_kernel picks the next token (argmax over the logits,
 // first maximum wins like torch.argmax; or takes given tokens), gathers its embedding into the [emb | h] buffer
@@ -214,9 +223,31 @@ __device__ void load_rows(T* hs, int Kp, const T* src, int nr, int H) {
   }
 }
 
-template <class T, int KPT, int S>
+// v4's lane reduction: a reduce-scatter. Each of the S lanes holds NV partial sums; at every level a lane keeps one
+// half of its values and sends the other half to its partner (lane ^ OFF), so the values to sum halve each level:
+// NV/2 + NV/4 + ... shuffles (15 for 16 values over 16 lanes) instead of NV * log2(S) for a full butterfly (64).
+// Afterwards lane s holds the sums of values [s*NV/S, (s+1)*NV/S) when S <= NV, or of value s/(S/NV) when S > NV.
+template <int OFF, int N, int NV>
+__device__ __forceinline__ void reduce_scatter(float (&v)[NV], int s) {
+  if constexpr (N > 1) {
+    const bool upper = (s & OFF) != 0;  // this lane keeps the upper half
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float send = upper ? v[i] : v[i + N / 2];
+      const float keep = upper ? v[i + N / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+    }
+    if constexpr (OFF > 1) reduce_scatter<OFF / 2, N / 2, NV>(v, s);
+  } else {
+    v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);  // more lanes than values: plain butterfly
+    if constexpr (OFF > 1) reduce_scatter<OFF / 2, 1, NV>(v, s);
+  }
+}
+
+template <class T, int KPT, int S, int RB>
 __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
   static_assert(KPT % 4 == 0 && S >= 4 && S <= 32 && (S & (S - 1)) == 0, "KPT multiple of 4, S a power of 2");
+  static_assert(RB == 2 || RB == 4, "v3 takes rows in pairs, v4 in fours");
   constexpr int Kp = KPT * S;  // padded row length of the h tile (columns >= H are zero)
   constexpr int Hb = kThreads / S;
   extern __shared__ float4 smem4[];
@@ -278,37 +309,77 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
       cp_async_wait_all();
       __syncthreads();  // the h tile (and the prefetched gi) visible to all
 
-      // 4. h W_hh^T for (row, unit u), two rows at a time: 6 FMA chains, KPT/4 x 2 16-byte shared loads.
-      for (int r = 0; r < nr; r += 2) {
-        const int r1 = min(r + 1, nr - 1);
-        const T* ha = hs + r * Kp + s * 4;
-        const T* hb = hs + r1 * Kp + s * 4;
-        float acc[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if constexpr (RB == 4) {
+        // 4'. v4: four rows at a time (12 FMA chains, 16 values with a zero pad per row), reduce-scatter.
+        constexpr int NV = 16;
+        for (int r = 0; r < nr; r += 4) {
+          const T* hq[4];
 #pragma unroll
-        for (int c = 0; c < KPT / 4; ++c) {
-          const float4 x0 = ld4(ha + c * 4 * S), x1 = ld4(hb + c * 4 * S);
+          for (int q = 0; q < 4; ++q) hq[q] = hs + min(r + q, nr - 1) * Kp + s * 4;  // past the end: repeat
+          float acc[NV];
 #pragma unroll
-          for (int g = 0; g < 3; ++g) {
-            acc[g] = fmaf(w[g][c * 4 + 0], x0.x, acc[g]);
-            acc[g] = fmaf(w[g][c * 4 + 1], x0.y, acc[g]);
-            acc[g] = fmaf(w[g][c * 4 + 2], x0.z, acc[g]);
-            acc[g] = fmaf(w[g][c * 4 + 3], x0.w, acc[g]);
-            acc[3 + g] = fmaf(w[g][c * 4 + 0], x1.x, acc[3 + g]);
-            acc[3 + g] = fmaf(w[g][c * 4 + 1], x1.y, acc[3 + g]);
-            acc[3 + g] = fmaf(w[g][c * 4 + 2], x1.z, acc[3 + g]);
-            acc[3 + g] = fmaf(w[g][c * 4 + 3], x1.w, acc[3 + g]);
+          for (int i = 0; i < NV; ++i) acc[i] = 0.f;
+#pragma unroll
+          for (int c = 0; c < KPT / 4; ++c) {
+            float4 x[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) x[q] = ld4(hq[q] + c * 4 * S);
+#pragma unroll
+            for (int g = 0; g < 3; ++g)
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                float& y = acc[q * 4 + g];
+                y = fmaf(w[g][c * 4 + 0], x[q].x, y);
+                y = fmaf(w[g][c * 4 + 1], x[q].y, y);
+                y = fmaf(w[g][c * 4 + 2], x[q].z, y);
+                y = fmaf(w[g][c * 4 + 3], x[q].w, y);
+              }
+          }
+          reduce_scatter<S / 2, NV, NV>(acc, s);
+          if constexpr (S <= NV) {
+#pragma unroll
+            for (int i = 0; i < NV / S; ++i) {
+              const int idx = s * (NV / S) + i, q = idx / 4, g = idx % 4;  // value idx = row q, gate g (3: pad)
+              if (g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[i];
+            }
+          } else {
+            const int idx = s / (S / NV), q = idx / 4, g = idx % 4;
+            if (s % (S / NV) == 0 && g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[0];
           }
         }
-        // butterfly over the unit's S lanes (aligned groups of S inside the warp): every lane gets the sums
+      } else {
+        // 4. h W_hh^T for (row, unit u), two rows at a time: 6 FMA chains, KPT/4 x 2 16-byte shared loads.
+        for (int r = 0; r < nr; r += 2) {
+          const int r1 = min(r + 1, nr - 1);
+          const T* ha = hs + r * Kp + s * 4;
+          const T* hb = hs + r1 * Kp + s * 4;
+          float acc[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int off = S / 2; off > 0; off >>= 1)
+          for (int c = 0; c < KPT / 4; ++c) {
+            const float4 x0 = ld4(ha + c * 4 * S), x1 = ld4(hb + c * 4 * S);
 #pragma unroll
-          for (int q = 0; q < 6; ++q) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], off);
-        // lanes 0..5 of the unit store the 6 sums (row r gates r,z,n; row r1 gates r,z,n)
-        float v = acc[0];
+            for (int g = 0; g < 3; ++g) {
+              acc[g] = fmaf(w[g][c * 4 + 0], x0.x, acc[g]);
+              acc[g] = fmaf(w[g][c * 4 + 1], x0.y, acc[g]);
+              acc[g] = fmaf(w[g][c * 4 + 2], x0.z, acc[g]);
+              acc[g] = fmaf(w[g][c * 4 + 3], x0.w, acc[g]);
+              acc[3 + g] = fmaf(w[g][c * 4 + 0], x1.x, acc[3 + g]);
+              acc[3 + g] = fmaf(w[g][c * 4 + 1], x1.y, acc[3 + g]);
+              acc[3 + g] = fmaf(w[g][c * 4 + 2], x1.z, acc[3 + g]);
+              acc[3 + g] = fmaf(w[g][c * 4 + 3], x1.w, acc[3 + g]);
+            }
+          }
+          // butterfly over the unit's S lanes (aligned groups of S inside the warp): every lane gets the sums
 #pragma unroll
-        for (int q = 1; q < 6; ++q) v = (s == q) ? acc[q] : v;
-        if (s < 3 || (s < 6 && r1 != r)) ghs[((s < 3 ? r : r1) * 3 + s % 3) * Hb + u] = v;
+          for (int off = S / 2; off > 0; off >>= 1)
+#pragma unroll
+            for (int q = 0; q < 6; ++q) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], off);
+          // lanes 0..5 of the unit store the 6 sums (row r gates r,z,n; row r1 gates r,z,n)
+          float v = acc[0];
+#pragma unroll
+          for (int q = 1; q < 6; ++q) v = (s == q) ? acc[q] : v;
+          if (s < 3 || (s < 6 && r1 != r)) ghs[((s < 3 ? r : r1) * 3 + s % 3) * Hb + u] = v;
+        }
       }
       __syncthreads();  // all sums of the chunk stored
 
@@ -341,23 +412,29 @@ struct Plan {
 
 inline int elem_size(int dtype) { return dtype == kF32 ? 4 : dtype == kF64 ? 8 : 2; }
 
-template <class T, int KPT, int S>
-const void* v3_kernel() { return reinterpret_cast<const void*>(&gru_v3_kernel<T, KPT, S>); }
+template <class T, int KPT, int S, int RB>
+const void* v3_kernel() { return reinterpret_cast<const void*>(&gru_v3_kernel<T, KPT, S, RB>); }
 
-template <class T>
+template <class T, int RB>
 const void* v3_kernel_for(int kpt, int s) {
-  if (kpt == 8) return s == 4 ? v3_kernel<T, 8, 4>() : v3_kernel<T, 8, 8>();
-  if (kpt == 16) return s == 8 ? v3_kernel<T, 16, 8>() : v3_kernel<T, 16, 16>();
-  return s == 16 ? v3_kernel<T, 32, 16>() : v3_kernel<T, 32, 32>();
+  if (kpt == 8) return s == 4 ? v3_kernel<T, 8, 4, RB>() : v3_kernel<T, 8, 8, RB>();
+  if (kpt == 16) return s == 8 ? v3_kernel<T, 16, 8, RB>() : v3_kernel<T, 16, 16, RB>();
+  return s == 16 ? v3_kernel<T, 32, 16, RB>() : v3_kernel<T, 32, 32, RB>();
 }
 
-inline const void* v3_kernel_for(int dtype, int kpt, int s) {
-  if (dtype == kF16) return v3_kernel_for<__half>(kpt, s);
-  if (dtype == kBF16) return v3_kernel_for<__nv_bfloat16>(kpt, s);
-  return v3_kernel_for<float>(kpt, s);
+template <int RB>
+const void* v3_kernel_for(int dtype, int kpt, int s) {
+  if (dtype == kF16) return v3_kernel_for<__half, RB>(kpt, s);
+  if (dtype == kBF16) return v3_kernel_for<__nv_bfloat16, RB>(kpt, s);
+  return v3_kernel_for<float, RB>(kpt, s);
 }
 
-inline Plan make_plan(int dtype, int B, int H) {
+// version 3: rows in pairs, butterfly reduction; version 4: rows in fours, reduce-scatter
+inline const void* v3_kernel_for(int version, int dtype, int kpt, int s) {
+  return version == 4 ? v3_kernel_for<4>(dtype, kpt, s) : v3_kernel_for<2>(dtype, kpt, s);
+}
+
+inline Plan make_plan(int version, int dtype, int B, int H) {
   Plan p;
   p.kpt = H <= 64 ? 8 : H <= 256 ? 16 : H <= 1024 ? 32 : 0;
   if (!p.kpt) {
@@ -403,7 +480,7 @@ inline Plan make_plan(int dtype, int B, int H) {
     return p;
   }
   p.smem = fixed + p.bc * row;
-  const void* k = v3_kernel_for(dtype, p.kpt, p.s);
+  const void* k = v3_kernel_for(version, dtype, p.kpt, p.s);
   int occ = 0;
   if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, p.smem) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, kThreads, p.smem) != cudaSuccess) {
@@ -499,25 +576,37 @@ cudaError_t gru_gates(int dtype, const void* gi, int64_t ldgi, const void* gh, i
 }
 
 // info: kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident. Returns the plan's status (0 = it fits).
-int gru_v3_plan(int dtype, int B, int H, int* info) {
-  const gru::Plan p = gru::make_plan(dtype, B, H);
+// version: 3 or 4 (the same split; v4's kernel differs only in its dot-product phase).
+int gru_v3_plan(int version, int dtype, int B, int H, int* info) {
+  const gru::Plan p = gru::make_plan(version, dtype, B, H);
   const int v[10] = {p.kpt, p.s, p.hb, p.ph, p.pb, p.bb, p.bc, p.smem, p.blocks, p.max_coresident};
   for (int i = 0; i < 10; ++i) info[i] = v[i];
   return p.status;
 }
 
-cudaError_t gru_v3(int dtype, const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
-                   void* out, int T, int B, int H, cudaStream_t stream) {
+cudaError_t gru_v3(int version, int dtype, const float* gi, const void* w_hh, const void* b_ih, const void* b_hh,
+                   const void* h0, void* out, int T, int B, int H, cudaStream_t stream) {
   using namespace gru;
   if (T == 0 || B == 0) return cudaSuccess;
-  if (dtype == kF64) return cudaErrorInvalidValue;
-  const Plan p = make_plan(dtype, B, H);
+  if (dtype == kF64 || (version != 3 && version != 4)) return cudaErrorInvalidValue;
+  const Plan p = make_plan(version, dtype, B, H);
   if (p.status == 3) return cudaErrorCooperativeLaunchTooLarge;
   if (p.status) return cudaErrorInvalidConfiguration;
   V3Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.ph, p.bb, p.bc};
   void* args[] = {&a};
-  return cudaLaunchCooperativeKernel(v3_kernel_for(dtype, p.kpt, p.s), dim3(p.blocks), dim3(kThreads), args,
-                                     size_t(p.smem), stream);
+  // A cooperative launch (grid.sync() needs one) through the launch-attribute API, which stream capture records
+  // into a CUDA graph kernel node like any other launch.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(p.blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(p.smem);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelExC(&cfg, v3_kernel_for(version, dtype, p.kpt, p.s), args);
 }
 
 cudaError_t gru_decoder_prep(int dtype, const void* logits, int64_t ldl, int V, const int64_t* tok_in,

@@ -25,7 +25,7 @@ def test_every_version_matches_nn_gru(device, dtype):
     # CPU (CI, 2 cores): two seeds; the float64 nn.GRU reference dominates the time
     rs = verify.check_op(OP, device, dtypes=[dtype], seeds=(0, 1) if device == "cpu" else (0, 1, 2))
     assert rs, "no version ran"
-    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3"})
+    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3", "v4"})
     bad = [r.details() for r in rs if not r.passed]
     assert not bad, "\n".join(bad)
 
@@ -44,7 +44,7 @@ def test_float64_matches_nn_gru_to_rounding(device, shape):
 def test_no_h0_is_zeros(device):
     x, _, params = _inputs(4, 3, 5, 7, L=2, device=device)
     zeros = torch.zeros(2, 3, 7, device=device)
-    for v in (["cpu"] if device == "cpu" else ["v1", "v2", "v3"]):
+    for v in (["cpu"] if device == "cpu" else ["v1", "v2", "v3", "v4"]):
         a, b = kgru.gru(x, None, params, version=v), kgru.gru(x, zeros, params, version=v)
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         assert torch.equal(a[1][-1], a[0][-1]), "h_n of the last layer must be the last output step"
@@ -53,10 +53,10 @@ def test_no_h0_is_zeros(device):
 @needs_gpu
 @pytest.mark.parametrize("B", [1, 8, 128, 256])
 def test_encoder_shape_all_versions_within_fp32(B):
-    # the seq2seq encoder: seq 30, input 256, hidden 512 (v3: 32 hidden slices x up to 4 batch slices)
+    # the seq2seq encoder: seq 30, input 256, hidden 512 (v3/v4: 32 hidden slices x up to 4 batch slices)
     x, h0, params = _inputs(30, B, 256, 512, h0=False, device="cuda", seed=B)
     ref = kgru.gru_ref(*verify.upcast((x, h0, params)))
-    for v in ("v1", "v2", "v3"):
+    for v in ("v1", "v2", "v3", "v4"):
         verify.assert_close(kgru.gru(x, h0, params, version=v), ref, torch.float32, what=v)
 
 
@@ -69,21 +69,23 @@ def test_v3_plan_splits_hidden_512_over_the_chip():
         assert p["blocks"] <= p["max_coresident"]
         assert p["batch_slices"] * p["rows_per_block"] >= B
     assert kgru.v3_plan(1, 2048)["status"] == 1
+    assert kgru.v3_plan(128, 512, version="v4") == kgru.v3_plan(128, 512)
 
 
 @needs_gpu
+@pytest.mark.parametrize("version", ["v3", "v4"])
 @pytest.mark.parametrize("dtype", kgru.V3_DTYPES, ids=str)
-def test_v3_is_deterministic(dtype):
+def test_persistent_kernels_are_deterministic(dtype, version):
     # a missing barrier shows up as run-to-run differences on the same inputs
     x, h0, params = _inputs(12, 67, 40, 200, L=2, dtype=dtype, device="cuda", seed=7)
-    a = kgru.gru(x, h0, params, version="v3")
+    a = kgru.gru(x, h0, params, version=version)
     for _ in range(3):
-        b = kgru.gru(x, h0, params, version="v3")
+        b = kgru.gru(x, h0, params, version=version)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4"])
 def test_cuda_graph_replay_matches_eager(version):
     x, h0, params = _inputs(6, 16, 32, 64, L=2, device="cuda", seed=2)
     out = (torch.empty(6, 16, 64, device="cuda"), torch.empty(2, 16, 64, device="cuda"))
@@ -95,7 +97,15 @@ def test_cuda_graph_replay_matches_eager(version):
     g.replay()
     torch.cuda.synchronize()
     want = kgru.gru(x2, h02, params, version=version)
-    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(out, want)
+
+
+@needs_gpu
+def test_v4_equals_v3_up_to_summation_order():
+    # same split, same data movement; only the order of the lane sums differs
+    x, h0, params = _inputs(30, 128, 256, 512, device="cuda", seed=11)
+    a, b = kgru.gru(x, h0, params, version="v3"), kgru.gru(x, h0, params, version="v4")
+    verify.assert_close(b, a, torch.float32, what="v4 vs v3")
 
 
 # ---- the decoder-step pieces --------------------------------------------------------------------------------------
@@ -218,8 +228,9 @@ def test_cuda_bad_input():
     with pytest.raises(ValueError, match=r"params\[1\] \(w_hh of layer 0\) must be on the same device as x "
                                          r"\(cuda:0\), got cpu"):
         kgru.gru(x, h0, [params[0], params[1].cpu(), params[2], params[3]], version="v2")
-    with pytest.raises(TypeError, match=r"gru v3 supports Float, Half and BFloat16, got Double"):
-        kgru.gru(x.double(), h0.double(), [p.double() for p in params], version="v3")
+    for v in ("v3", "v4"):
+        with pytest.raises(TypeError, match=rf"gru {v} supports Float, Half and BFloat16, got Double"):
+            kgru.gru(x.double(), h0.double(), [p.double() for p in params], version=v)
     xb, _, pb = _inputs(2, 2, 3, 2048, device="cuda")
-    with pytest.raises(ValueError, match=r"hidden <= 1024.*use v2"):
+    with pytest.raises(ValueError, match=r"gru v3 cannot run batch 2, hidden 2048.*hidden <= 1024.*use v2"):
         kgru.gru(xb, None, pb, version="v3")

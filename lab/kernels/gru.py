@@ -8,8 +8,9 @@ Sources: cuda_src/gru.cu (kernels, launchers, the napkin math), cpp_src/gru.cpp 
     # params: 4 tensors per layer in nn.GRU's order (w_ih, w_hh, b_ih, b_hh), e.g. nn.GRU(...)._flat_weights
 
 Versions: 'cpu' (C++, at::parallel_for), 'v1' (per-step GEMMs + fused gates), 'v2' (input projection of all steps
-as one GEMM up front), 'v3' (persistent: W_hh in registers across all steps, one grid barrier per step). dtypes:
-float32, float16, bfloat16 everywhere (fp32 accumulation, fp32 gates); float64 on 'cpu', 'v1', 'v2'.
+as one GEMM up front), 'v3' (persistent: W_hh in registers across all steps, one grid barrier per step), 'v4' (v3
+with four batch rows per pass and a reduce-scatter across the lanes: fewer shuffles and more independent FMAs a
+step). dtypes: float32, float16, bfloat16 everywhere (fp32 accumulation, fp32 gates); float64 on 'cpu', 'v1', 'v2'.
 Baselines: nn.GRU itself (cuDNN on the GPU) at strict fp32 (torch.backends.cudnn.allow_tf32 = False, the same
 precision as the kernels), and, for reference, cuDNN with TF32 (PyTorch's default for fp32 RNNs).
 """
@@ -46,7 +47,7 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
     """nn.GRU's forward: returns (out (seq_len, batch, hidden), h_n (num_layers, batch, hidden)).
 
     params: 4 tensors per layer (w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,)), like nn.GRU._flat_weights.
-    out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' | 'v2' | 'v3' (default: v3 on the GPU).
+    out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' .. 'v4' (default: v3 on the GPU).
     """
     params = list(params)
     if out is None:
@@ -60,11 +61,12 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
     return tuple(ext().gru_forward(x, h0, params, o, hn, version_number(version or _default(x))))
 
 
-def v3_plan(batch: int, hidden: int, dtype: torch.dtype = torch.float32) -> dict:
-    """How v3 splits the work on this GPU: units per block, batch slices, shared memory, blocks (and if it fits)."""
+def v3_plan(batch: int, hidden: int, dtype: torch.dtype = torch.float32, version: str = "v3") -> dict:
+    """How v3 (or v4: the same split) divides the work on this GPU: units per block, batch slices, shared memory,
+    blocks, and whether all blocks fit on the chip at once (status 0)."""
     keys = ["status", "kpt", "lanes_per_unit", "units_per_block", "hidden_slices", "batch_slices",
             "rows_per_block", "rows_per_chunk", "smem_bytes", "blocks", "max_coresident"]
-    return dict(zip(keys, ext().v3_plan(batch, hidden, DTYPE_CODE[dtype])))
+    return dict(zip(keys, ext().v3_plan(batch, hidden, DTYPE_CODE[dtype], version_number(version))))
 
 
 # ---- precision --------------------------------------------------------------------------------------------------
@@ -189,6 +191,8 @@ OPS = [
                 graph=True),
         Version("v3", _kernel("v3"), "cuda", "persistent: W_hh in registers, 1 grid barrier per step, 1 launch",
                 dtypes=V3_DTYPES, graph=True),
+        Version("v4", _kernel("v4"), "cuda", "v3 + 4 batch rows per pass, reduce-scatter over the lanes",
+                dtypes=V3_DTYPES, graph=True),
         Version("torch", gru_torch, "any", "nn.GRU (cuDNN on the GPU), fp32 without TF32", baseline=True,
                 takes_out=False, check=False, graph=True),
         Version("torch.tf32", gru_torch_tf32, "cuda", "nn.GRU on cuDNN with TF32 (PyTorch's fp32 default)",
@@ -197,6 +201,7 @@ OPS = [
        CHECK_SHAPES, BENCH_SHAPES, CPU_BENCH_SHAPES, ALL,
        nbytes=_nbytes, flops=_flops,
        formula="TFLOP/s = 2·T·B·3H·(I+H)·layers / time; bytes = (x + out + h0 + h_n + weights)·sizeof(dtype)",
+       compute_ceiling="fma",   # the recurrence is FP32 FMAs (fp32 accumulation for every dtype)
        size_key="batch",
        doc="nn.GRU forward over a sequence; the seq2seq encoder is seq 30, input 256, hidden 512"),
 ]
