@@ -50,8 +50,11 @@ def _save(fig, name: str) -> Path:
     return path
 
 
-def time_vs_size(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
-    rows = [r for r in _rows_for(op, device_name, dtype) if r["size"] is not None]
+def time_vs_size(op: Op, dtype: str, device_name: str | None = None, rows: list[dict] | None = None,
+                 save: bool = True):
+    """rows: draw these (e.g. fresh from bench_op) instead of reading the results table."""
+    rows = [r for r in (rows if rows is not None else _rows_for(op, device_name, dtype))
+            if r["size"] is not None and r["dtype"] == dtype]
     if len({r["size"] for r in rows}) < 2:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.6))
@@ -70,11 +73,13 @@ def time_vs_size(op: Op, dtype: str, device_name: str | None = None) -> Path | N
     ax.legend(fontsize=8)
     fig.subplots_adjust(bottom=0.2)
     _footer(fig, rows, op.formula)
-    return _save(fig, f"{op.family}_{op.name}_{dtype}_time")
+    return _save(fig, f"{op.family}_{op.name}_{dtype}_time") if save else fig
 
 
-def speedup_bars(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
-    rows = [r for r in _rows_for(op, device_name, dtype) if r["speedup"] is not None]
+def speedup_bars(op: Op, dtype: str, device_name: str | None = None, rows: list[dict] | None = None,
+                 save: bool = True):
+    rows = [r for r in (rows if rows is not None else _rows_for(op, device_name, dtype))
+            if r["speedup"] is not None and r["dtype"] == dtype]
     if not rows:
         return None
     # the largest shape that has the most versions timed
@@ -97,7 +102,7 @@ def speedup_bars(op: Op, dtype: str, device_name: str | None = None) -> Path | N
     ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.subplots_adjust(bottom=0.32)
     _footer(fig, sel, op.formula)
-    return _save(fig, f"{op.family}_{op.name}_{dtype}_speedup")
+    return _save(fig, f"{op.family}_{op.name}_{dtype}_speedup") if save else fig
 
 
 def roofline(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
