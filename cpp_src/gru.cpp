@@ -56,7 +56,7 @@ at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDoubl
 
 std::string param_name(size_t i) {
   static const char* kind[4] = {"w_ih", "w_hh", "b_ih", "b_hh"};
-  return "params[" + std::to_string(i) + "] (" + kind[i % 4] + " of layer " + std::to_string(i / 4) + ")";
+  return lab::cat("params[", i, "] (", kind[i % 4], " of layer ", i / 4, ")");
 }
 
 void check_version(const at::Tensor& x, int64_t version) {
@@ -193,18 +193,16 @@ at::Tensor proj(const at::Tensor& x, const at::Tensor& w) {
 }
 
 std::string v3_plan_error(int64_t version, int status, const int* info, int64_t B, int64_t H, at::ScalarType dt) {
-  std::ostringstream o;
-  o << "gru v" << version << " cannot run batch " << B << ", hidden " << H << ", " << c10::toString(dt) << " on this GPU: ";
+  std::string o = lab::cat("gru v", version, " cannot run batch ", B, ", hidden ", H, ", ", dt, " on this GPU: ");
   switch (status) {
-    case 1: o << "it keeps W_hh in registers, at most 32 columns per lane over at most 32 lanes, so hidden <= 1024"; break;
-    case 2: o << "one block's batch slice (" << info[5] << " rows) and its gate buffers do not fit in shared memory"; break;
-    case 3: o << "its one-barrier-per-step design needs all " << info[8] << " blocks co-resident, the GPU holds "
-              << info[9] << " at once"; break;
-    case 4: o << "the device does not support cooperative launches"; break;
-    default: o << "a CUDA error while planning the launch (" << cudaGetErrorString(cudaGetLastError()) << ")"; break;
+    case 1: o += "it keeps W_hh in registers, at most 32 columns per lane over at most 32 lanes, so hidden <= 1024"; break;
+    case 2: o += lab::cat("one block's batch slice (", info[5], " rows) and its gate buffers do not fit in shared memory"); break;
+    case 3: o += lab::cat("its one-barrier-per-step design needs all ", info[8], " blocks co-resident, the GPU holds ",
+                          info[9], " at once"); break;
+    case 4: o += "the device does not support cooperative launches"; break;
+    default: o += lab::cat("a CUDA error while planning the launch (", cudaGetErrorString(cudaGetLastError()), ")"); break;
   }
-  o << "; use v2";
-  return o.str();
+  return o + "; use v2";
 }
 
 void layer_cuda(int64_t version, const at::Tensor& in, const at::Tensor& w_ih, const at::Tensor& w_hh,

@@ -8,7 +8,10 @@
 //   backward  dW_k = Σ_b F_k[b] · dF_{k-1}[b];  dF_k[b] = W_k · dF_{k-1}[b]ᵀ;  dx = dF_K
 #include "lab_common.h"
 
+#include <torch/csrc/autograd/python_variable.h>  // THPVariable_Check / THPVariable_Unpack
+
 #include <algorithm>
+#include <cstdio>
 
 #ifdef LAB_WITH_CUDA
 #define LAB_DECLARE(T)                                                                                           \
@@ -17,6 +20,7 @@
   cudaError_t kron_backward(const T*, const T*, const T* const*, const int*, int, int64_t, int64_t,             \
                             const T* const*, T*, T* const*, T*, cudaStream_t);                                   \
   int64_t kron_backward_workspace(const T*, int64_t, int64_t, const int*, int);                                  \
+  int64_t kron_forward_scratch(const T*, int64_t, int64_t, int);                                                 \
   void kron_fused_plan(const T*, int64_t, int64_t, const int*, int, int, int, int64_t*);
 LAB_DECLARE(float)
 LAB_DECLARE(double)
@@ -25,7 +29,27 @@ LAB_DECLARE(double)
 
 namespace {
 
+namespace py = pybind11;
+
 constexpr int kMaxFactors = 16;  // as in cuda_src/kron.cu
+
+// Lists of tensors arrive as Python sequences and are unpacked here, element by element, so a wrong element is
+// reported by position. Names are built with snprintf, not std::string: on the H100 box (torch 2.11, gcc 13.3) a
+// function that built a std::string with std::to_string and operator+ segfaulted on its first call, while the same
+// module's other functions (std::vector arguments included) ran; the first version of this file did that in every
+// call.
+std::vector<at::Tensor> tensors(const py::sequence& seq, const char* what) {
+  std::vector<at::Tensor> out;
+  const size_t n = py::len(seq);
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    py::object item = seq[i];
+    LAB_CHECK_TYPE(THPVariable_Check(item.ptr()), what, "[", i, "] must be a tensor, got ",
+                     Py_TYPE(item.ptr())->tp_name);
+    out.push_back(THPVariable_Unpack(item.ptr()));
+  }
+  return out;
+}
 constexpr int64_t kRows = 64;    // CPU: rows of a sample per task (64·f values of y stay in cache across the k loop)
 
 struct Sizes {
@@ -39,30 +63,37 @@ Sizes check_layer(const at::Tensor& x, const std::vector<at::Tensor>& factors) {
   lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
   lab::check_dim(x, "x", 2, "(batch, N)");
   lab::check_contiguous(x, "x");
-  TORCH_CHECK_VALUE(!factors.empty(), "factors must be a non-empty list of square matrices, got an empty list");
-  TORCH_CHECK_VALUE(factors.size() <= size_t(kMaxFactors), "at most ", kMaxFactors, " factors are supported, got ",
+  LAB_CHECK_VALUE(!factors.empty(), "factors must be a non-empty list of square matrices, got an empty list");
+  LAB_CHECK_VALUE(factors.size() <= size_t(kMaxFactors), "at most ", kMaxFactors, " factors are supported, got ",
                     factors.size());
   Sizes s;
   s.B = x.size(0);
   s.N = x.size(1);
   int64_t prod = 1;
-  std::ostringstream dims;
   for (size_t i = 0; i < factors.size(); ++i) {
-    const std::string name = "factors[" + std::to_string(i) + "]";
+    char name[32];
+    std::snprintf(name, sizeof(name), "factors[%zu]", i);
     const at::Tensor& w = factors[i];
-    lab::check_defined(w, name.c_str());
-    lab::check_same_dtype(w, name.c_str(), x, "x");
-    lab::check_same_device(w, name.c_str(), x, "x");
-    lab::check_dim(w, name.c_str(), 2, "(f, f)");
-    TORCH_CHECK_VALUE(w.size(0) == w.size(1), name, " must be square (f, f), got ", lab::shape_str(w.sizes()));
-    TORCH_CHECK_VALUE(w.size(0) >= 1, name, " must not be empty, got ", lab::shape_str(w.sizes()));
-    lab::check_contiguous(w, name.c_str());
-    s.f.push_back(lab::check_int32(w.size(0), (name + ".size(0)").c_str()));
+    lab::check_defined(w, name);
+    lab::check_same_dtype(w, name, x, "x");
+    lab::check_same_device(w, name, x, "x");
+    lab::check_dim(w, name, 2, "(f, f)");
+    LAB_CHECK_VALUE(w.size(0) == w.size(1), name, " must be square (f, f), got ", lab::shape_str(w.sizes()));
+    LAB_CHECK_VALUE(w.size(0) >= 1, name, " must not be empty, got ", lab::shape_str(w.sizes()));
+    lab::check_contiguous(w, name);
+    LAB_CHECK_VALUE(w.size(0) <= INT32_MAX, name, " is too large for the kernels' 32-bit sizes");
+    s.f.push_back(static_cast<int>(w.size(0)));
     prod = prod > (int64_t(1) << 40) ? prod : prod * w.size(0);
-    dims << (i ? " x " : "") << w.size(0);
   }
-  TORCH_CHECK_VALUE(prod == s.N, "the factor sizes ", dims.str(), " multiply to ", prod, ", but x has N = ", s.N,
-                    " columns; x must be (batch, f_1·…·f_K)");
+  if (prod != s.N) {
+    char dims[16 * 14];
+    int n = 0;
+    dims[0] = '\0';
+    for (size_t i = 0; i < s.f.size() && n < int(sizeof(dims)) - 16; ++i)
+      n += std::snprintf(dims + n, sizeof(dims) - size_t(n), "%s%d", i ? " x " : "", s.f[i]);
+    LAB_CHECK_VALUE(false, "the factor sizes ", dims, " multiply to ", prod, ", but x has N = ", s.N,
+                      " columns; x must be (batch, f_1*...*f_K)");
+  }
   return s;
 }
 
@@ -74,20 +105,21 @@ void check_like(const at::Tensor& t, const char* name, const at::Tensor& x, at::
 void check_states(const std::vector<at::Tensor>& states, const at::Tensor& x, const Sizes& s, bool required) {
   const size_t K = s.f.size();
   if (states.empty() && !required) return;
-  TORCH_CHECK_VALUE(states.size() == K - 1, "states must be a list of K-1 = ", K - 1,
+  LAB_CHECK_VALUE(states.size() == K - 1, "states must be a list of K-1 = ", K - 1,
                     " tensors of shape (batch, N) (the intermediate states), got ", states.size());
   for (size_t i = 0; i < states.size(); ++i) {
-    const std::string name = "states[" + std::to_string(i) + "]";
-    check_like(states[i], name.c_str(), x, {s.B, s.N}, "(batch, N)");
+    char name[32];
+    std::snprintf(name, sizeof(name), "states[%zu]", i);
+    check_like(states[i], name, x, {s.B, s.N}, "(batch, N)");
   }
 }
 
 void check_version(const at::Tensor& x, int64_t version) {
   if (x.is_cuda()) {
-    TORCH_CHECK_VALUE(version == 3 || version == 4, "kron: CUDA versions are 3 and 4, got ", version);
+    LAB_CHECK_VALUE(version == 3 || version == 4, "kron: CUDA versions are 3 and 4, got ", version);
   } else {
-    TORCH_CHECK_VALUE(x.device().is_cpu(), "kron: x must be on cpu or cuda, got ", x.device().str());
-    TORCH_CHECK_VALUE(version == 0, "kron: version ", version, " is a CUDA kernel but x is on the CPU (use version 0, "
+    LAB_CHECK_VALUE(x.device().is_cpu(), "kron: x must be on cpu or cuda, got ", x.device().str());
+    LAB_CHECK_VALUE(version == 0, "kron: version ", version, " is a CUDA kernel but x is on the CPU (use version 0, "
                       "the C++ CPU code)");
   }
 }
@@ -204,14 +236,15 @@ template <class T> std::vector<T*> ptrs(const std::vector<at::Tensor>& ts) {
 // y = x · (W_K ⊗ … ⊗ W_1) into out. states: [] or the K-1 intermediate states F_1..F_{K-1} (each (batch, N)), written
 // when given (the backward needs them). cfg/cols: -1/0 = automatic; else force the CUDA block configuration (0..2)
 // and v4's slice width (for kron.tune()).
-at::Tensor forward(const at::Tensor& x, const std::vector<at::Tensor>& factors, at::Tensor out,
-                   const std::vector<at::Tensor>& states, int64_t version, int64_t cfg, int64_t cols) {
+at::Tensor forward(const at::Tensor& x, py::sequence factors_, at::Tensor out, py::sequence states_,
+                   int64_t version, int64_t cfg, int64_t cols) {
+  const std::vector<at::Tensor> factors = tensors(factors_, "factors"), states = tensors(states_, "states");
   const Sizes s = check_layer(x, factors);
   check_like(out, "out", x, {s.B, s.N}, "(batch, N)");
   check_states(states, x, s, false);
   check_version(x, version);
-  TORCH_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
-  TORCH_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
+  LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
+  LAB_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
   const int K = int(s.f.size());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_forward", [&] {
     if (x.is_cuda()) {
@@ -225,7 +258,8 @@ at::Tensor forward(const at::Tensor& x, const std::vector<at::Tensor>& factors, 
           kron_fused_plan(x.data_ptr<scalar_t>(), s.B, s.N, s.f.data(), K, int(cfg), int(cols), info);
           fused_fits = info[0] != 0;
         }
-        if (!fused_fits) scratch = at::empty({std::min(K - 1, 2) * s.B * s.N}, x.options());
+        if (!fused_fits)
+          scratch = at::empty({kron_forward_scratch(x.data_ptr<scalar_t>(), s.B, s.N, K)}, x.options());
       }
       const auto w = cptrs<scalar_t>(factors);
       auto st = ptrs<scalar_t>(states);
@@ -247,19 +281,21 @@ at::Tensor forward(const at::Tensor& x, const std::vector<at::Tensor>& factors, 
 
 // Gradients of y = x · (W_K ⊗ … ⊗ W_1) for upstream gradient g: dx and dws[k] = dL/dW_{k+1}, written into the given
 // tensors. states: the K-1 intermediate states the forward wrote.
-at::Tensor backward(const at::Tensor& g, const at::Tensor& x, const std::vector<at::Tensor>& factors,
-                    const std::vector<at::Tensor>& states, at::Tensor dx, const std::vector<at::Tensor>& dws,
-                    int64_t version) {
+at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence factors_, py::sequence states_,
+                    at::Tensor dx, py::sequence dws_, int64_t version) {
+  const std::vector<at::Tensor> factors = tensors(factors_, "factors"), states = tensors(states_, "states"),
+                                dws = tensors(dws_, "dws");
   const Sizes s = check_layer(x, factors);
   check_like(g, "g", x, {s.B, s.N}, "(batch, N)");
   check_states(states, x, s, true);
   check_like(dx, "dx", x, {s.B, s.N}, "(batch, N)");
   const int K = int(s.f.size());
-  TORCH_CHECK_VALUE(dws.size() == size_t(K), "dws must be a list of K = ", K, " tensors (one per factor), got ",
+  LAB_CHECK_VALUE(dws.size() == size_t(K), "dws must be a list of K = ", K, " tensors (one per factor), got ",
                     dws.size());
   for (int k = 0; k < K; ++k) {
-    const std::string name = "dws[" + std::to_string(k) + "]";
-    check_like(dws[k], name.c_str(), x, {s.f[k], s.f[k]}, "like factors[k]");
+    char name[32];
+    std::snprintf(name, sizeof(name), "dws[%d]", k);
+    check_like(dws[k], name, x, {s.f[k], s.f[k]}, "like factors[k]");
   }
   check_version(x, version);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_backward", [&] {
@@ -288,19 +324,20 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, const std::vector<
 
 // What v4 would launch for a batch and factor sizes (x: any CUDA tensor of the dtype, for dtype and device):
 // (fits, cfg, c, slices per sample, shared bytes per block, blocks per SM, threads, TM, TN, cost, device smem limit)
-std::vector<int64_t> fused_plan(const at::Tensor& x, int64_t batch, const std::vector<int64_t>& sizes, int64_t cfg,
-                                int64_t cols) {
+py::tuple fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t cfg, int64_t cols) {
   lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
-  TORCH_CHECK_VALUE(x.is_cuda(), "fused_plan: x must be a CUDA tensor (it names the device and dtype), got ",
+  LAB_CHECK_VALUE(x.is_cuda(), "fused_plan: x must be a CUDA tensor (it names the device and dtype), got ",
                     x.device().str());
-  TORCH_CHECK_VALUE(!sizes.empty() && sizes.size() <= size_t(kMaxFactors), "sizes must list 1..", kMaxFactors,
-                    " factor sizes, got ", sizes.size());
-  TORCH_CHECK_VALUE(cfg >= -1 && cfg <= 2, "fused_plan: cfg must be -1 (automatic) or 0..2, got ", cfg);
+  const size_t nf = py::len(sizes);
+  LAB_CHECK_VALUE(nf >= 1 && nf <= size_t(kMaxFactors), "sizes must list 1..", kMaxFactors, " factor sizes, got ",
+                    nf);
+  LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "fused_plan: cfg must be -1 (automatic) or 0..2, got ", cfg);
   std::vector<int> f;
   int64_t N = 1;
-  for (auto v : sizes) {
-    TORCH_CHECK_VALUE(v >= 1, "sizes must be positive, got ", v);
-    f.push_back(lab::check_int32(v, "factor size"));
+  for (size_t i = 0; i < nf; ++i) {
+    const int64_t v = py::cast<int64_t>(sizes[i]);
+    LAB_CHECK_VALUE(v >= 1 && v <= INT32_MAX, "sizes must be positive 32-bit integers, got ", v);
+    f.push_back(static_cast<int>(v));
     N *= v;
   }
   std::vector<int64_t> info(11, 0);
@@ -312,17 +349,19 @@ std::vector<int64_t> fused_plan(const at::Tensor& x, int64_t batch, const std::v
 #else
   LAB_NO_CUDA_BUILD("fused_plan");
 #endif
-  return info;
+  py::tuple t(info.size());
+  for (size_t i = 0; i < info.size(); ++i) t[i] = py::int_(info[i]);
+  return t;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Kronecker-factored linear layer y = x · (W_K ⊗ … ⊗ W_1); version 0 = C++ CPU code, 3 = per-factor "
+  m.doc() = "Kronecker-factored linear layer y = x (W_K kron ... kron W_1); version 0 = C++ CPU code, 3 = per-factor "
             "CUDA kernels, 4 = fused CUDA kernel";
-  m.def("forward", torch::wrap_pybind_function(forward),
-        "forward(x, factors, out, states, version, cfg, cols) -> out = x · (W_K ⊗ … ⊗ W_1)");
-  m.def("backward", torch::wrap_pybind_function(backward),
+  m.def("forward", lab::bind(forward),
+        "forward(x, factors, out, states, version, cfg, cols) -> out = x (W_K kron ... kron W_1)");
+  m.def("backward", lab::bind(backward),
         "backward(g, x, factors, states, dx, dws, version) -> dx; dws[k] = dL/dfactors[k]");
-  m.def("fused_plan", torch::wrap_pybind_function(fused_plan),
+  m.def("fused_plan", lab::bind(fused_plan),
         "fused_plan(x, batch, sizes, cfg, cols) -> (fits, cfg, c, slices, smem, blocks/SM, threads, TM, TN, cost, "
         "smem limit)");
 }

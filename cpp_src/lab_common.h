@@ -13,7 +13,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
-#include <sstream>
+#include <cstdio>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -47,12 +48,28 @@ namespace lab {
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Text for messages, built with snprintf and std::string appends only (no iostreams, no std::to_string): on the
+// H100 box (torch 2.11, g++ 13.3) integer formatting through iostreams inside an extension, and std::to_string +
+// operator+, crashed the process (see "binding" below).
+inline std::string num(long long v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%lld", v);
+  return b;
+}
+inline std::string num(double v) {
+  char b[48];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
 inline std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream o;
-  o << "(";
-  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
-  o << (s.size() == 1 ? ",)" : ")");
-  return o.str();
+  std::string o = "(";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) o += ", ";
+    o += num(static_cast<long long>(s[i]));
+  }
+  o += (s.size() == 1 ? ",)" : ")");
+  return o;
 }
 
 // ---- named checks: each message names the argument and says what was expected --------------------------------
@@ -64,9 +81,12 @@ inline void check_dtype(const at::Tensor& t, const char* name, std::initializer_
   check_defined(t, name);
   for (auto d : ok)
     if (t.scalar_type() == d) return;
-  std::ostringstream o;
-  for (auto d : ok) o << (o.tellp() ? " or " : "") << c10::toString(d);
-  LAB_CHECK_TYPE(false, name, " must be ", o.str(), ", got ", c10::toString(t.scalar_type()));
+  std::string o;
+  for (auto d : ok) {
+    if (!o.empty()) o += " or ";
+    o += c10::toString(d);
+  }
+  LAB_CHECK_TYPE(false, name, " must be ", o, ", got ", c10::toString(t.scalar_type()));
 }
 
 inline void check_same_dtype(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
@@ -114,17 +134,39 @@ inline int check_int32(int64_t v, const char* what) {
 
 // ---- binding ------------------------------------------------------------------------------------------------
 // Checks throw pybind11's own exception types (LAB_CHECK_VALUE -> ValueError, LAB_CHECK_TYPE -> TypeError,
-// LAB_CHECK -> RuntimeError), with the message formatted here. Why not TORCH_CHECK_*: on the H100 box (torch 2.11,
-// g++ 13.3) c10 errors raised out of a binding killed the process with SIGSEGV — a TORCH_CHECK_TYPE failure through
-// torch::wrap_pybind_function, and a TORCH_CHECK_VALUE failure with an integer in its message through lab::bind and
-// through a plain load_inline module with no wrapper — while std::runtime_error and pybind11's exceptions from the
-// same module raised cleanly (probe runs, 2026-11-22; cause not established; all fine with torch 2.14 here).
+// LAB_CHECK -> RuntimeError) with messages built by lab::cat (snprintf + std::string appends). Why not
+// TORCH_CHECK_*: on the H100 box (torch 2.11, g++ 13.3) a failing TORCH_CHECK_VALUE with an integer in its message
+// killed the process with SIGSEGV — through lab::bind and through a plain load_inline module alike — while the same
+// check with a string-only message, std::runtime_error and pybind11's exceptions raised cleanly; std::to_string with
+// operator+ crashed there too. The common factor is integer-to-text conversion inside the extension; the cause is
+// not established (all of it works with torch 2.14 / g++ 12 here). Probe runs, 2026-11-22.
 // bind(f) still maps a c10 error that escapes from ATen itself to the matching Python exception.
+inline std::string cat_layout_other(c10::Layout v) {
+  std::string s = "layout ";
+  s += num(static_cast<long long>(v));
+  return s;
+}
+inline void cat_one(std::string& s, const char* v) { s += v; }
+inline void cat_one(std::string& s, const std::string& v) { s += v; }
+inline void cat_one(std::string& s, char v) { s += v; }
+inline void cat_one(std::string& s, bool v) { s += v ? "true" : "false"; }
+inline void cat_one(std::string& s, c10::ScalarType v) { s += c10::toString(v); }
+inline void cat_one(std::string& s, const c10::Device& v) { s += v.str(); }
+inline void cat_one(std::string& s, at::IntArrayRef v) { s += shape_str(v); }
+inline void cat_one(std::string& s, c10::Layout v) {
+  s += v == c10::kStrided ? "Strided" : v == c10::kSparse ? "Sparse" : v == c10::kSparseCsr ? "SparseCsr"
+       : lab::cat_layout_other(v);
+}
+template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+inline void cat_one(std::string& s, T v) { s += num(static_cast<long long>(v)); }
+template <class T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
+inline void cat_one(std::string& s, T v) { s += num(static_cast<double>(v)); }
+
 template <class... Args>
 std::string cat(const Args&... args) {
-  std::ostringstream o;
-  (o << ... << args);
-  return o.str();
+  std::string s;
+  (cat_one(s, args), ...);
+  return s;
 }
 
 template <class R, class... A>

@@ -166,7 +166,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
     }
     const int m = lab::check_int32(M, "M (rows of x)"), n = lab::check_int32(N, "out_features"),
               k = lab::check_int32(K, "in_features");
-    const std::string what = "linear v" + std::to_string(version) + " kernel";
+    const std::string what = lab::cat("linear v", version, " kernel");
     if (x.scalar_type() == at::kFloat) {
       LAB_CUDA_CHECK(linear_forward_f32(int(version), x.data_ptr<float>(), weight.data_ptr<float>(),
                                         b ? b->data_ptr<float>() : nullptr, out.data_ptr<float>(), m, n, k,

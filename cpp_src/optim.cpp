@@ -66,14 +66,9 @@ struct Names {
   std::string operator()(int slot, int64_t i) const {
     static const char* lists[kNPtr] = {"params", "grads", "exp_avgs", "exp_avg_sqs", "state_steps", "max_exp_avg_sqs"};
     static const char* keys[kNPtr] = {"", ".grad", "exp_avg", "exp_avg_sq", "step", "max_exp_avg_sq"};
-    std::ostringstream o;
-    if (!plan || slot == kP)
-      o << lists[slot] << "[" << i << "]";
-    else if (slot == kG)
-      o << "params[" << i << "].grad";
-    else
-      o << "state['" << keys[slot] << "'] of params[" << i << "]";
-    return o.str();
+    if (!plan || slot == kP) return lab::cat(lists[slot], "[", i, "]");
+    if (slot == kG) return lab::cat("params[", i, "].grad");
+    return lab::cat("state['", keys[slot], "'] of params[", i, "]");
   }
 };
 
@@ -85,48 +80,55 @@ bool same_layout(const at::Tensor& a, const at::Tensor& b) {
   return true;
 }
 
+// The address of element 0, without data_ptr()'s checks (a quarter of a step's host time at 2000 params). Only for
+// tensors already known to be dense, to compare with an address data_ptr() gave when they were checked, and for grads.
+inline const void* addr(const at::Tensor& t) {
+  const c10::TensorImpl* i = t.unsafeGetTensorImpl();
+  return static_cast<const char*>(i->storage().data()) + i->storage_offset() * int64_t(i->itemsize());
+}
+
 void check_like_param(const at::Tensor& t, const at::Tensor& p, int slot, int64_t i, const Names& nm) {
-  TORCH_CHECK_VALUE(t.device() == p.device(), nm(slot, i), " must be on the same device as ", nm(kP, i), " (",
+  LAB_CHECK_VALUE(t.device() == p.device(), nm(slot, i), " must be on the same device as ", nm(kP, i), " (",
                     p.device().str(), "), got ", t.device().str());
-  TORCH_CHECK_VALUE(t.sizes() == p.sizes(), nm(slot, i), " must have the same shape as ", nm(kP, i), " = ",
+  LAB_CHECK_VALUE(t.sizes() == p.sizes(), nm(slot, i), " must have the same shape as ", nm(kP, i), " = ",
                     lab::shape_str(p.sizes()), ", got ", lab::shape_str(t.sizes()));
-  TORCH_CHECK_VALUE(same_layout(t, p), nm(slot, i), " must have the same strides as ",
+  LAB_CHECK_VALUE(same_layout(t, p), nm(slot, i), " must have the same strides as ",
                     nm(kP, i), " = ", lab::shape_str(p.strides()), ", got ", lab::shape_str(t.strides()),
                     " (make it with torch.zeros_like(param) or call .contiguous() on both)");
 }
 
 void check_state(const at::Tensor& t, const at::Tensor& p, int slot, int64_t i, const Names& nm) {
-  TORCH_CHECK_VALUE(t.defined(), nm(slot, i), " must be a tensor, got None");
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, nm(slot, i), " must be a dense tensor, got layout ", t.layout());
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, nm(slot, i), " must be Float (the optimizer state is fp32 for ",
+  LAB_CHECK_VALUE(t.defined(), nm(slot, i), " must be a tensor, got None");
+  LAB_CHECK_VALUE(t.layout() == at::kStrided, nm(slot, i), " must be a dense tensor, got layout ", t.layout());
+  LAB_CHECK_TYPE(t.scalar_type() == at::kFloat, nm(slot, i), " must be Float (the optimizer state is fp32 for ",
                    "every param dtype), got ", c10::toString(t.scalar_type()));
   check_like_param(t, p, slot, i, nm);
 }
 
 void check_entry(int64_t i, const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v,
                  const at::Tensor* vmax, const at::Tensor& s, const at::Device& dev, const Names& nm) {
-  TORCH_CHECK_VALUE(p.defined(), nm(kP, i), " must be a tensor, got None");
-  TORCH_CHECK_VALUE(p.layout() == at::kStrided, nm(kP, i), " must be a dense tensor, got layout ", p.layout());
-  TORCH_CHECK_TYPE(p.scalar_type() == at::kFloat || p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf,
+  LAB_CHECK_VALUE(p.defined(), nm(kP, i), " must be a tensor, got None");
+  LAB_CHECK_VALUE(p.layout() == at::kStrided, nm(kP, i), " must be a dense tensor, got layout ", p.layout());
+  LAB_CHECK_TYPE(p.scalar_type() == at::kFloat || p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf,
                    nm(kP, i), " must be Float, BFloat16 or Half, got ", c10::toString(p.scalar_type()));
-  TORCH_CHECK_VALUE(p.device() == dev, nm(kP, i), " must be on the same device as ", nm(kP, 0), " (", dev.str(),
+  LAB_CHECK_VALUE(p.device() == dev, nm(kP, i), " must be on the same device as ", nm(kP, 0), " (", dev.str(),
                     "), got ", p.device().str(), " (all the params of one step or param group must be on one device)");
-  TORCH_CHECK_VALUE(p.is_non_overlapping_and_dense(), nm(kP, i), " must be dense (no overlapping elements, no gaps) "
+  LAB_CHECK_VALUE(p.is_non_overlapping_and_dense(), nm(kP, i), " must be dense (no overlapping elements, no gaps) "
                     "so it can be updated as one block of memory, got strides ", lab::shape_str(p.strides()),
                     " for shape ", lab::shape_str(p.sizes()));
-  TORCH_CHECK_VALUE(g.defined(), nm(kG, i), " is None: every param in the list needs a gradient");
-  TORCH_CHECK_VALUE(!g.is_sparse() && g.layout() == at::kStrided, nm(kG, i), " is sparse (layout ", g.layout(),
+  LAB_CHECK_VALUE(g.defined(), nm(kG, i), " is None: every param in the list needs a gradient");
+  LAB_CHECK_VALUE(!g.is_sparse() && g.layout() == at::kStrided, nm(kG, i), " is sparse (layout ", g.layout(),
                     "): this Adam updates dense gradients only (torch.optim.SparseAdam takes sparse ones)");
-  TORCH_CHECK_TYPE(g.scalar_type() == p.scalar_type(), nm(kG, i), " must have the same dtype as ", nm(kP, i), " (",
+  LAB_CHECK_TYPE(g.scalar_type() == p.scalar_type(), nm(kG, i), " must have the same dtype as ", nm(kP, i), " (",
                    c10::toString(p.scalar_type()), "), got ", c10::toString(g.scalar_type()));
   check_like_param(g, p, kG, i, nm);
   check_state(m, p, kM, i, nm);
   check_state(v, p, kV, i, nm);
   if (vmax) check_state(*vmax, p, kVmax, i, nm);
-  TORCH_CHECK_VALUE(s.defined(), nm(kS, i), " must be a tensor, got None");
-  TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, nm(kS, i), " must be Float (a float32 step count), got ",
+  LAB_CHECK_VALUE(s.defined(), nm(kS, i), " must be a tensor, got None");
+  LAB_CHECK_TYPE(s.scalar_type() == at::kFloat, nm(kS, i), " must be Float (a float32 step count), got ",
                    c10::toString(s.scalar_type()));
-  TORCH_CHECK_VALUE(s.numel() == 1 && s.device() == dev, nm(kS, i), " must hold one element on ", dev.str(),
+  LAB_CHECK_VALUE(s.numel() == 1 && s.device() == dev, nm(kS, i), " must hold one element on ", dev.str(),
                     " (the step count lives on the params' device), got shape ", lab::shape_str(s.sizes()), " on ",
                     s.device().str());
 }
@@ -143,30 +145,30 @@ void check_no_overlap(const std::vector<at::Tensor>& params, const std::vector<i
   }
   std::sort(r.begin(), r.end());
   for (size_t k = 1; k < r.size(); ++k)
-    TORCH_CHECK_VALUE(r[k][0] >= r[k - 1][1], nm(kP, r[k - 1][2]), " and ", nm(kP, r[k][2]), " share memory (the "
+    LAB_CHECK_VALUE(r[k][0] >= r[k - 1][1], nm(kP, r[k - 1][2]), " and ", nm(kP, r[k][2]), " share memory (the "
                       "same tensor twice, or overlapping views): each would be updated twice");
 }
 
 void check_hyper(const Hyper& h, const at::Device& dev, int64_t version, int64_t chunk) {
-  TORCH_CHECK_VALUE(h.lr >= 0, "lr must be >= 0, got ", h.lr);
-  TORCH_CHECK_VALUE(h.beta1 >= 0 && h.beta1 < 1, "beta1 must be in [0, 1), got ", h.beta1);
-  TORCH_CHECK_VALUE(h.beta2 >= 0 && h.beta2 < 1, "beta2 must be in [0, 1), got ", h.beta2);
-  TORCH_CHECK_VALUE(h.eps >= 0, "eps must be >= 0, got ", h.eps);
-  TORCH_CHECK_VALUE(h.wd >= 0, "weight_decay must be >= 0, got ", h.wd);
+  LAB_CHECK_VALUE(h.lr >= 0, "lr must be >= 0, got ", h.lr);
+  LAB_CHECK_VALUE(h.beta1 >= 0 && h.beta1 < 1, "beta1 must be in [0, 1), got ", h.beta1);
+  LAB_CHECK_VALUE(h.beta2 >= 0 && h.beta2 < 1, "beta2 must be in [0, 1), got ", h.beta2);
+  LAB_CHECK_VALUE(h.eps >= 0, "eps must be >= 0, got ", h.eps);
+  LAB_CHECK_VALUE(h.wd >= 0, "weight_decay must be >= 0, got ", h.wd);
   if (h.lr_tensor) {
     const at::Tensor& t = *h.lr_tensor;
-    TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, "lr (a tensor) must be Float, got ", c10::toString(t.scalar_type()));
-    TORCH_CHECK_VALUE(t.numel() == 1 && t.device() == dev, "lr (a tensor) must hold one element on the params' device ",
+    LAB_CHECK_TYPE(t.scalar_type() == at::kFloat, "lr (a tensor) must be Float, got ", c10::toString(t.scalar_type()));
+    LAB_CHECK_VALUE(t.numel() == 1 && t.device() == dev, "lr (a tensor) must hold one element on the params' device ",
                       dev.str(), ", got shape ", lab::shape_str(t.sizes()), " on ", t.device().str());
   }
-  TORCH_CHECK_VALUE(chunk >= 4 && chunk % 4 == 0 && chunk <= (int64_t(1) << 30), "chunk must be a multiple of 4 in "
+  LAB_CHECK_VALUE(chunk >= 4 && chunk % 4 == 0 && chunk <= (int64_t(1) << 30), "chunk must be a multiple of 4 in "
                     "[4, 2^30], got ", chunk);
   if (dev.is_cuda()) {
-    TORCH_CHECK_VALUE(version >= 1 && version <= kMaxVersion, "adam: CUDA versions are 1..", kMaxVersion, ", got ",
+    LAB_CHECK_VALUE(version >= 1 && version <= kMaxVersion, "adam: CUDA versions are 1..", kMaxVersion, ", got ",
                       version);
   } else {
-    TORCH_CHECK_VALUE(dev.is_cpu(), "adam: params must be on cpu or cuda, got ", dev.str());
-    TORCH_CHECK_VALUE(version == 0, "adam: version ", version, " is a CUDA kernel but the params are on the CPU (use "
+    LAB_CHECK_VALUE(dev.is_cpu(), "adam: params must be on cpu or cuda, got ", dev.str());
+    LAB_CHECK_VALUE(version == 0, "adam: version ", version, " is a CUDA kernel but the params are on the CPU (use "
                       "version 0, the C++ CPU code)");
   }
 }
@@ -179,15 +181,15 @@ Batch pack(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>&
   Batch b;
   b.amsgrad = amsgrad;
   if (idx.empty()) return b;
-  TORCH_CHECK_VALUE(params[size_t(idx[0])].defined(), nm(kP, idx[0]), " must be a tensor, got None");
+  LAB_CHECK_VALUE(params[size_t(idx[0])].defined(), nm(kP, idx[0]), " must be a tensor, got None");
   b.device = params[size_t(idx[0])].device();
   for (int64_t i : idx) {
     const size_t k = size_t(i);
     check_entry(i, params[k], grads[k], m[k], v[k], amsgrad ? &vmax[k] : nullptr, steps[k], b.device, nm);
-    TORCH_CHECK_VALUE(lab::ceil_div(params[k].numel(), chunk) < (int64_t(1) << 31), nm(kP, i), " has ",
+    LAB_CHECK_VALUE(lab::ceil_div(params[k].numel(), chunk) < (int64_t(1) << 31), nm(kP, i), " has ",
                       params[k].numel(), " elements: more than 2^31 chunks of ", chunk);
   }
-  TORCH_CHECK_VALUE(idx.size() < (size_t(1) << 31), "too many tensors: ", idx.size());
+  LAB_CHECK_VALUE(idx.size() < (size_t(1) << 31), "too many tensors: ", idx.size());
   for (int64_t i : idx) {
     const size_t k = size_t(i);
     Group& G = b.groups[size_t(dtype_index(params[k].scalar_type()))];
@@ -258,7 +260,11 @@ void adam_cpu(const Group& G, bool ams, const Hyper& h, double lr, int64_t chunk
 struct Buffers {
   struct Table {
     at::Tensor dev;
-    std::vector<uint8_t> host;
+    std::vector<uint8_t> host;            // the image last uploaded to dev
+    std::vector<const void*> ptrs;        // ... and what it was made from
+    std::vector<int64_t> numel;
+    int64_t version = -1, chunk = -1;
+    bool amsgrad = false;
   };
   std::array<Table, kDtypes> tables;
   std::array<at::Tensor, kDtypes> counters;
@@ -302,34 +308,42 @@ int run(Batch& b, const Hyper& h, int64_t version, int64_t chunk, Buffers* buf) 
       LAB_CUDA_CHECK(optim_adam_byvalue(int(version), d, b.amsgrad, G.ptrs.data(), G.numel.data(), G.n(), chunk, lr,
                                         lr_ptr, h.beta1, h.beta2, eps, wd, h.decoupled, h.maximize,
                                         counter.data_ptr<int>(), stream, &launches),
-                     "adam kernel (v" + std::to_string(version) + ", pointers by value)");
+                     lab::cat("adam kernel (v", version, ", pointers by value)"));
       continue;
     }
-    const int64_t bytes = optim_table_bytes(int(version), d, b.amsgrad, G.numel.data(), G.n(), chunk);
-    std::vector<uint8_t> host(size_t(bytes));
-    optim_table_fill(int(version), d, b.amsgrad, G.ptrs.data(), G.numel.data(), G.n(), chunk, host.data());
+    // the table is a function of the pointers, sizes, version and chunk: rebuild and upload only when one changed
+    Buffers::Table* T = (buf && !capturing) ? &buf->tables[size_t(d)] : nullptr;
+    const bool reuse = T && T->dev.defined() && T->version == version && T->chunk == chunk &&
+                       T->amsgrad == b.amsgrad && T->numel == G.numel && T->ptrs == G.ptrs;
+    std::vector<uint8_t> image;
     at::Tensor dev;
-    bool upload = true;
-    if (buf && !capturing) {
-      Buffers::Table& T = buf->tables[size_t(d)];
-      if (T.dev.defined() && T.host == host) {
-        upload = false;
-      } else {
-        if (!T.dev.defined() || T.dev.numel() < bytes)
-          T.dev = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(b.device));
-        T.host = host;
-      }
-      dev = T.dev;
+    if (reuse) {
+      dev = T->dev;
     } else {
-      dev = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(b.device));
-      if (buf) buf->captured.push_back(dev);
-    }
-    if (upload)
-      LAB_CUDA_CHECK(optim_table_upload(dev.data_ptr(), host.data(), bytes, stream, &launches),
+      const int64_t bytes = optim_table_bytes(int(version), d, b.amsgrad, G.numel.data(), G.n(), chunk);
+      image.resize(static_cast<size_t>(bytes));
+      optim_table_fill(int(version), d, b.amsgrad, G.ptrs.data(), G.numel.data(), G.n(), chunk, image.data());
+      if (T) {
+        if (!T->dev.defined() || T->dev.numel() < bytes)
+          T->dev = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(b.device));
+        dev = T->dev;
+      } else {  // a functional call, or a capture: a table of its own (a graph keeps its table alive in `captured`)
+        dev = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(b.device));
+        if (buf) buf->captured.push_back(dev);
+      }
+      LAB_CUDA_CHECK(optim_table_upload(dev.data_ptr(), image.data(), bytes, stream, &launches),
                      "adam pointer-table upload");
-    LAB_CUDA_CHECK(optim_adam_table(d, b.amsgrad, dev.data_ptr(), host.data(), lr, lr_ptr, h.beta1, h.beta2, eps, wd,
+      if (T) {
+        T->host = std::move(image);
+        T->ptrs = G.ptrs;
+        T->numel = G.numel;
+        T->version = version, T->chunk = chunk, T->amsgrad = b.amsgrad;
+      }
+    }
+    const void* host = T ? T->host.data() : image.data();
+    LAB_CUDA_CHECK(optim_adam_table(d, b.amsgrad, dev.data_ptr(), host, lr, lr_ptr, h.beta1, h.beta2, eps, wd,
                                     h.decoupled, h.maximize, stream, &launches),
-                   "adam kernel (v" + std::to_string(version) + ", table in device memory)");
+                   lab::cat("adam kernel (v", version, ", table in device memory)"));
   }
 #else
   (void)h, (void)version, (void)chunk, (void)buf;
@@ -357,7 +371,7 @@ int64_t adam_step(const std::vector<at::Tensor>& params, const std::vector<at::T
                   double weight_decay, bool decoupled, bool amsgrad, bool maximize, int64_t version, int64_t chunk) {
   const size_t n = params.size();
   auto same = [&](const std::vector<at::Tensor>& l, const char* name) {
-    TORCH_CHECK_VALUE(l.size() == n, name, " has ", l.size(), " tensors, params has ", n);
+    LAB_CHECK_VALUE(l.size() == n, name, " has ", l.size(), " tensors, params has ", n);
   };
   same(grads, "grads");
   same(exp_avgs, "exp_avgs");
@@ -379,13 +393,22 @@ int64_t adam_step(const std::vector<at::Tensor>& params, const std::vector<at::T
 struct AdamPlan {
   std::vector<at::Tensor> params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;  // undefined: no state yet
   bool amsgrad = false;
+  // Per param, what passed every named check last time: the addresses of p, m, v, step, vmax (slot kG unused), the
+  // param's size and dtype. A step re-checks a param by address (a moved or replaced tensor has a new one) and runs
+  // the named checks again only when it changed; grads are checked every step (zero_grad(set_to_none=True) makes
+  // new ones). Touching fewer tensor objects is what makes a step over 2000 params cheap on the host.
+  struct Seen {
+    std::array<const void*, kNPtr> ptr{};
+    int64_t numel = -1;
+    at::ScalarType dtype = at::kFloat;
+  };
+  std::vector<Seen> seen;
   // set by plan_prepare, used by plan_launch
   bool prepared = false;
   Batch batch;
   Hyper hyper;
   int64_t version = 0, chunk = 0;
   Buffers buffers;
-  std::vector<const void*> overlap_checked;  // param pointers the last overlap check passed for
   int64_t last_launches = 0;
 };
 
@@ -395,7 +418,7 @@ std::shared_ptr<AdamPlan> plan_new(std::vector<at::Tensor> params, std::vector<s
                                    std::vector<std::optional<at::Tensor>> state_steps, bool amsgrad) {
   const size_t n = params.size();
   auto unwrap = [&](std::vector<std::optional<at::Tensor>>& l, const char* name, std::vector<at::Tensor>& out) {
-    TORCH_CHECK_VALUE(l.size() == n, name, " has ", l.size(), " entries, params has ", n);
+    LAB_CHECK_VALUE(l.size() == n, name, " has ", l.size(), " entries, params has ", n);
     out.resize(n);
     for (size_t i = 0; i < n; ++i)
       if (l[i]) out[i] = *l[i];
@@ -407,6 +430,7 @@ std::shared_ptr<AdamPlan> plan_new(std::vector<at::Tensor> params, std::vector<s
   unwrap(max_exp_avg_sqs, "max_exp_avg_sqs", pl->max_exp_avg_sqs);
   unwrap(state_steps, "state_steps", pl->steps);
   pl->amsgrad = amsgrad;
+  pl->seen.assign(n, AdamPlan::Seen{});
   return pl;
 }
 
@@ -419,32 +443,69 @@ std::vector<int64_t> plan_prepare(AdamPlan& pl, double lr, std::optional<at::Ten
   pl.prepared = false;
   pl.batch = Batch();
   const size_t n = pl.params.size();
-  std::vector<at::Tensor> grads(n);
+  std::vector<at::Tensor> grads;   // of the active params, in order
   std::vector<int64_t> active, missing;
+  grads.reserve(n);
+  active.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    TORCH_CHECK_VALUE(pl.params[i].defined(), "params[", i, "] must be a tensor, got None");
-    grads[i] = pl.params[i].grad();
-    if (!grads[i].defined()) continue;
+    LAB_CHECK_VALUE(pl.params[i].defined(), "params[", i, "] must be a tensor, got None");
+    const at::Tensor& g = pl.params[i].grad();
+    if (!g.defined()) continue;
     const bool has_state = pl.exp_avgs[i].defined() && pl.exp_avg_sqs[i].defined() && pl.steps[i].defined() &&
                            (!pl.amsgrad || pl.max_exp_avg_sqs[i].defined());
-    (has_state ? active : missing).push_back(int64_t(i));
-  }
-  if (!missing.empty()) return missing;
-  const Names nm{true};
-  pl.hyper = make_hyper(lr, std::move(lr_tensor), beta1, beta2, eps, weight_decay, decoupled, maximize);
-  Batch b = pack(pl.params, grads, pl.exp_avgs, pl.exp_avg_sqs, pl.max_exp_avg_sqs, pl.steps, active, pl.amsgrad,
-                 chunk, nm);
-  if (!active.empty()) {
-    check_hyper(pl.hyper, b.device, version, chunk);
-    std::vector<const void*> ptrs;
-    ptrs.reserve(active.size());
-    for (int64_t i : active) ptrs.push_back(pl.params[size_t(i)].data_ptr());
-    if (ptrs != pl.overlap_checked) {
-      check_no_overlap(pl.params, active, nm);
-      pl.overlap_checked = std::move(ptrs);
+    if (has_state) {
+      active.push_back(int64_t(i));
+      grads.push_back(g);
+    } else {
+      missing.push_back(int64_t(i));
     }
   }
-  for (int64_t i : active) b.keep.push_back(grads[size_t(i)]);
+  if (!missing.empty()) return missing;
+  pl.hyper = make_hyper(lr, std::move(lr_tensor), beta1, beta2, eps, weight_decay, decoupled, maximize);
+  Batch b;
+  b.amsgrad = pl.amsgrad;
+  if (!active.empty()) {
+    const Names nm{true};
+    b.device = pl.params[size_t(active[0])].device();
+    check_hyper(pl.hyper, b.device, version, chunk);
+    bool rechecked = false;
+    for (size_t a = 0; a < active.size(); ++a) {
+      const size_t i = size_t(active[a]);
+      const at::Tensor &p = pl.params[i], &g = grads[a], &m = pl.exp_avgs[i], &v = pl.exp_avg_sqs[i],
+                       &s = pl.steps[i];
+      const at::Tensor* vm = pl.amsgrad ? &pl.max_exp_avg_sqs[i] : nullptr;
+      AdamPlan::Seen& S = pl.seen[i];
+      // the state tensors were checked with their param and are the plan's own: updated in place, never moved, so
+      // only the param (which a user may move or replace with `.data =`) is re-checked by address
+      const bool same = S.numel >= 0 && S.numel == p.numel() && S.dtype == p.scalar_type() &&
+                        p.layout() == at::kStrided && p.device() == b.device && addr(p) == S.ptr[kP];
+      const bool grad_ok = g.layout() == at::kStrided && g.scalar_type() == p.scalar_type() &&
+                           g.device() == b.device && g.sizes() == p.sizes() && same_layout(g, p);
+      if (!same || !grad_ok) {
+        check_entry(int64_t(i), p, g, m, v, vm, s, b.device, nm);  // throws the named error, or all is well
+        if (!same) {
+          S.ptr = {p.data_ptr(), nullptr, m.data_ptr(), v.data_ptr(), s.data_ptr(), vm ? vm->data_ptr() : nullptr};
+          S.numel = p.numel();
+          S.dtype = p.scalar_type();
+          rechecked = true;
+        }
+      }
+      LAB_CHECK_VALUE(lab::ceil_div(S.numel, chunk) < (int64_t(1) << 31), nm(kP, int64_t(i)), " has ", S.numel,
+                        " elements: more than 2^31 chunks of ", chunk);
+      Group& G = b.groups[size_t(dtype_index(S.dtype))];
+      G.ptrs.insert(G.ptrs.end(), {S.ptr[kP], addr(g), S.ptr[kM], S.ptr[kV], S.ptr[kS], S.ptr[kVmax]});
+      G.numel.push_back(S.numel);
+    }
+    if (rechecked) {
+      try {
+        check_no_overlap(pl.params, active, nm);
+      } catch (...) {
+        for (int64_t i : active) pl.seen[size_t(i)].numel = -1;  // check them all again next time
+        throw;
+      }
+    }
+  }
+  b.keep = std::move(grads);
   pl.batch = std::move(b);
   pl.version = version;
   pl.chunk = chunk;
@@ -454,7 +515,7 @@ std::vector<int64_t> plan_prepare(AdamPlan& pl, double lr, std::optional<at::Ten
 
 // Runs the step plan_prepare checked; returns the number of kernel launches.
 int64_t plan_launch(AdamPlan& pl) {
-  TORCH_CHECK(pl.prepared, "plan_launch: call plan_prepare first (it checks the grads and packs the pointers)");
+  LAB_CHECK(pl.prepared, "plan_launch: call plan_prepare first (it checks the grads and packs the pointers)");
   pl.prepared = false;
   pl.last_launches = run(pl.batch, pl.hyper, pl.version, pl.chunk, &pl.buffers);
   pl.batch.keep.clear();
@@ -463,7 +524,7 @@ int64_t plan_launch(AdamPlan& pl) {
 
 // The by-value metadata struct of v1/v2: (bytes, tensor slots, block slots) per launch.
 std::vector<int64_t> byvalue_caps(int64_t version, bool amsgrad) {
-  TORCH_CHECK_VALUE(version == 1 || version == 2, "byvalue_caps: version must be 1 or 2, got ", version);
+  LAB_CHECK_VALUE(version == 1 || version == 2, "byvalue_caps: version must be 1 or 2, got ", version);
 #ifdef LAB_WITH_CUDA
   int64_t bytes = 0, t = 0, b = 0;
   optim_byvalue_caps(int(version), amsgrad, &bytes, &t, &b);

@@ -27,11 +27,39 @@
 //       (K ≥ 3) at c = 4. Above it, and for K = 1, v4 runs v3. Backward: v3's kernels on the states v4 saved.
 //
 // Napkin math (H100, fp32, factors 128×128, N = 16384): FLOP = 2·B·N·Σf_k = 8.4 MFLOP per sample; bytes = 2·N·4 =
-// 128 KB per sample (read x, write y): 64 FLOP/byte, compute-bound. B = 32: 268 MFLOP — ~5 us at the ~51 TFLOP/s
-// FP32 FMA rate the lab measures — and 4 MB of HBM traffic (~1.5 us). B = 1024: 8.6 GFLOP, 168 us at that rate.
+// 128 KB per sample (read x, write y): 64 FLOP/byte, compute-bound. B = 32: 268 MFLOP — 4.1 us at the 64.8 TFLOP/s
+// FP32 FMA rate the lab measured on the H100 — and 4 MB of HBM traffic (~1.4 us at 3 TB/s). B = 1024: 8.6 GFLOP,
+// 133 us at that rate (the issue's 5 us / 168 us assumed ~51 TFLOP/s).
 // Small batches are latency- and balance-bound: 32 samples are only 32 blocks, so v4 splits each sample into
 // f_K/c column slices, and every slice re-reads its sample's x (64 KB) and W_1 (64 KB) from L2. The launcher picks
-// the configuration and c with a small cost model (plan_fused); kron.tune() times the alternatives.
+// the configuration and c with a small cost model (plan_fused); kron.tune() times the alternatives. At batch 32 it
+// picks cfg 1 (256 threads, 4×4 tiles), c = 32: 4 slices per sample, 128 blocks, 50.7 KB shared each, 2 per SM.
+//
+// Measured (H100 80GB HBM3, 132 SMs, torch 2.11; fp32, factors 128×128; CUDA events, L2 flushed before each run;
+// the lab's FP32 FMA probe gives 64.8 TFLOP/s, so the FLOP floor is 4.1 us at batch 32 and 133 us at batch 1024):
+//   forward (us)        batch   1     32    128   1024   4096
+//     v1 (PyTorch)             95    115    109    369   1406
+//     v2 (PyTorch)            127     73     77    243    916   (replayed as a CUDA graph: 17, 20, 39, 242, 915)
+//     v3                       24     25     56    238    899
+//     v4                       21     20     49    268   1028
+//     full (N×N matrix)      1148   1264   2101  11290  43200
+//   forward + backward (us, eager / CUDA graph): batch 32: v2 546 / 73, v3 338 / 79, v4 447 / 83;
+//                                                batch 1024: v2 953 / 945, v3 828 / 820, v4 946 / 938.
+// Against the issue's goals: forward at batch 32 is 20 us (goal 10); forward + backward is 1.2-1.6× faster than v2
+// eager at batch 32 and 1.15× at 1024 (goal 5×); forward at batch 1024 reaches 36 TFLOP/s = 56% of the FMA rate with
+// v3 and 50% with v4 (goal 70%). What bounds them, read from these numbers and the SASS (not yet profiled with Nsight
+// Compute):
+//  - small batches are latency-bound, not FLOP-bound: batch 1 takes as long as batch 32 (~20 us for 0.3 GFLOP), and
+//    cuBLAS, replayed from a graph without launch overhead, lands at the same 17-20 us. A block walks f/16 = 8 k-chunks
+//    per factor through a 2-stage pipeline, so most chunks wait on their own load (x comes from HBM after the flush):
+//    ~16 dependent round trips per block. Next: stage a slice's whole x tile at once (many loads in flight), KC = 32.
+//  - large batches: 8×8 register tiles reach 50-56% of the FMA rate, level with cuBLAS's FP32 GEMM (v2, 243 us). The
+//    fused kernel is slower than v3 there: its 8×8 variant sits at the 128-register cap that 2 blocks per SM need
+//    (a few spills, 4 of them inside the FMA loop) and each block runs its two GEMMs back to back behind barriers.
+//    The rest needs what a tuned SGEMM does (deeper pipeline, warp-specialised loads), or TF32 tensor cores (another
+//    precision).
+//  - forward + backward eager is CPU-bound (v2: 546 us eager, 73 us as a graph); as a graph, the backward's 5 launches
+//    (dW and R-step per factor, then the reduce) cost about what cuBLAS's do.
 #include "lab_cuda.cuh"
 
 #include <algorithm>
@@ -86,21 +114,28 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // cfg 0: 256 threads × 8×8 outputs: 128×128 tiles, 16 FMAs per 16-byte shared load — the large-batch path.
 // cfg 1: 256 threads × 4×4: 4096-output tiles (128×32 … 32×128) — 4× the blocks of cfg 0 for mid-size grids.
 // cfg 2: 128 threads × 4×4: 2048-output tiles — small batches, thin slices, small factors.
+// double: 64 double accumulators do not fit beside the rest in 128 registers (8×8 spilled ~1 KB), so cfg 0 is
+// cfg 1 there (the same kernel, compiled once).
 template <int THREADS_, int TM_, int TN_, int MINB_> struct Cfg {
   static constexpr int THREADS = THREADS_, TM = TM_, TN = TN_, MINB = MINB_;
 };
-using Cfg0 = Cfg<256, 8, 8, 2>;
-using Cfg1 = Cfg<256, 4, 4, 2>;
-using Cfg2 = Cfg<128, 4, 4, 4>;
+template <class T, int I> struct CfgOf;
+template <class T> struct CfgOf<T, 0> { using type = Cfg<256, 8, 8, 2>; };
+template <> struct CfgOf<double, 0> { using type = Cfg<256, 4, 4, 2>; };
+template <class T> struct CfgOf<T, 1> { using type = Cfg<256, 4, 4, 2>; };
+template <class T> struct CfgOf<T, 2> { using type = Cfg<128, 4, 4, 4>; };
 constexpr int kConfigs = 3;
-constexpr int kCfgThreads[kConfigs] = {256, 256, 128};
-constexpr int kCfgTM[kConfigs] = {8, 4, 4};
-constexpr int kCfgTN[kConfigs] = {8, 4, 4};
+struct CfgShape { int threads, tm, tn; };
+template <class T> constexpr CfgShape cfg_shape(int cfg) {
+  return cfg == 0 ? CfgShape{CfgOf<T, 0>::type::THREADS, CfgOf<T, 0>::type::TM, CfgOf<T, 0>::type::TN}
+                  : cfg == 1 ? CfgShape{256, 4, 4} : CfgShape{128, 4, 4};
+}
 
 // Block tile for an output with q columns: tnt × tmt threads (powers of two), bp = tmt·TM rows, bq = tnt·TN columns,
 // both ≤ kTile; as few columns as cover q, the rest of the threads stacked on rows.
 struct Layout { int tmt, tnt, bp, bq; };
 __host__ __device__ inline Layout make_layout(int threads, int tm, int tn, int q) {
+  if (threads * tm * tn == kTile * kTile) return Layout{kTile / tm, kTile / tn, kTile, kTile};  // 8×8: always 128²
   int lo = threads * tm / kTile;
   if (lo < 1) lo = 1;
   int hi = kTile / tn;
@@ -121,26 +156,26 @@ template <class T> __device__ __forceinline__ int frag_row(int i, int tmt, int t
 // ---- staging: one KC-deep slice of an operand into shared memory, dst[kk·ld + p] = A(k0 + kk, p0 + p) ----------------
 // P-contiguous operand: element (k, p) at base + off(p) + k·kstride and VW consecutive p are contiguous (when `vec`).
 // The vec path copies 16-byte vectors; each thread always copies the same vector column, so off() is evaluated once.
-template <class T, int THREADS, int KC, bool L1 = false>
+template <class T, int THREADS, int KC, bool L1 = false, class I = long>  // I: offsets (int within one sample)
 struct PStager {
   static constexpr int VW = Vec<T>::n;
-  long p0, pd, kstride;
+  I p0, pd, kstride;
   int bp;
   bool vec;
   int pv, kk0, kstep;
-  long my_off;
+  I my_off;
   bool okp;
   template <class Off>
-  __device__ __forceinline__ PStager(long p0_, long pd_, int bp_, long kstride_, bool vec_, Off off)
+  __device__ __forceinline__ PStager(I p0_, I pd_, int bp_, I kstride_, bool vec_, Off off)
       : p0(p0_), pd(pd_), kstride(kstride_), bp(bp_), vec(vec_), pv(0), kk0(0), kstep(1), my_off(0), okp(false) {
     if (vec) {
       const int nv = bp / VW;  // a power of two <= THREADS
       pv = threadIdx.x % nv;
       kk0 = threadIdx.x / nv;
       kstep = THREADS / nv;
-      const long p = p0 + long(pv) * VW;
+      const I p = p0 + I(pv) * VW;
       okp = p < pd;
-      my_off = okp ? off(p) : 0;
+      my_off = okp ? I(off(p)) : I(0);
     }
   }
   template <class Off>
@@ -149,7 +184,7 @@ struct PStager {
       for (int kk = kk0; kk < KC; kk += kstep) {
         const int k = k0 + kk;
         const bool ok = okp && k < kd;
-        const T* src = ok ? base + my_off + long(k) * kstride : base;
+        const T* src = ok ? base + (my_off + I(k) * kstride) : base;
         if (L1)
           cp_async16_l1(dst + kk * ld + pv * VW, src, ok);
         else
@@ -159,9 +194,9 @@ struct PStager {
       for (int i = threadIdx.x; i < KC * bp; i += THREADS) {
         const int kk = i / bp, pp = i - kk * bp;
         const int k = k0 + kk;
-        const long p = p0 + pp;
+        const I p = p0 + pp;
         const bool ok = k < kd && p < pd;
-        cp_async_elem(dst + kk * ld + pp, ok ? base + off(p) + long(k) * kstride : base, ok);
+        cp_async_elem(dst + kk * ld + pp, ok ? base + (I(off(p)) + I(k) * kstride) : base, ok);
       }
     }
   }
@@ -197,6 +232,23 @@ __device__ __forceinline__ void pipeline(int nchunks, Issue&& issue, Compute&& c
   }
 }
 
+// 16-byte shared-memory access the compiler may not split: with a run-time leading dimension it cannot prove the
+// alignment by itself and otherwise emits 4- and 8-byte loads (seen in the fused kernel's PTX).
+template <class V, class T> __device__ __forceinline__ V ld16(const T* p) {
+  return *static_cast<const V*>(__builtin_assume_aligned(p, 16));
+}
+template <class V, class T> __device__ __forceinline__ void st16(T* p, const V& v) {
+  *static_cast<V*>(__builtin_assume_aligned(p, 16)) = v;
+}
+// ...and for shared-memory stores even the assumption is split into 4-byte stores: say it in PTX
+__device__ __forceinline__ void sts16(float* p, const float4& v) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(p)), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w) : "memory");
+}
+__device__ __forceinline__ void sts16(double* p, const double2& v) {
+  asm volatile("st.shared.v2.f64 [%0], {%1, %2};\n" ::"r"(smem_addr(p)), "d"(v.x), "d"(v.y) : "memory");
+}
+
 // acc += A(k, rows)ᵀ-outer-B(k, cols) over kc rows of k. As/Bs are k-major with leading dims lda/ldb (multiples of VW,
 // 16-byte aligned). Per k: TM/VW + TN/VW 16-byte loads feed TM·TN FMAs.
 template <class T, int TM, int TN, int KC>
@@ -207,9 +259,9 @@ __device__ __forceinline__ void mma_chunk(const T* __restrict__ As, int lda, con
   auto step = [&](int kk) {
     T a[TM], b[TN];
 #pragma unroll
-    for (int v = 0; v < TM / VW; ++v) unpack(*reinterpret_cast<const V*>(As + kk * lda + a_lane + v * a_step), a + v * VW);
+    for (int v = 0; v < TM / VW; ++v) unpack(ld16<V>(As + kk * lda + a_lane + v * a_step), a + v * VW);
 #pragma unroll
-    for (int v = 0; v < TN / VW; ++v) unpack(*reinterpret_cast<const V*>(Bs + kk * ldb + b_lane + v * b_step), b + v * VW);
+    for (int v = 0; v < TN / VW; ++v) unpack(ld16<V>(Bs + kk * ldb + b_lane + v * b_step), b + v * VW);
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -232,7 +284,7 @@ template <class T, int TM, int TN> __device__ __forceinline__ void zero(T (&acc)
 
 // Row-major store of a register tile: dst[r·ld + q] for r < rows, q < cols. vec: cols and ld are multiples of VW and
 // dst is 16-byte aligned.
-template <class T, int TM, int TN>
+template <bool SHARED = false, class T, int TM, int TN>
 __device__ __forceinline__ void store_rows(T* dst, long ld, long rows, int cols, long p0, int q0,
                                            const T (&acc)[TM][TN], const Layout& L, int tm, int tn, bool vec) {
   using V = typename Vec<T>::type;
@@ -246,7 +298,12 @@ __device__ __forceinline__ void store_rows(T* dst, long ld, long rows, int cols,
 #pragma unroll
       for (int v = 0; v < TN / VW; ++v) {
         const int q = q0 + (v * L.tnt + tn) * VW;
-        if (q < cols) *reinterpret_cast<V*>(d + q) = pack<V>(&acc[i][v * VW]);
+        if (q < cols) {
+          if (SHARED)
+            sts16(d + q, pack<V>(&acc[i][v * VW]));
+          else
+            st16<V>(d + q, pack<V>(&acc[i][v * VW]));
+        }
       }
     } else {
 #pragma unroll
@@ -335,7 +392,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
         T tmp[VW];
 #pragma unroll
         for (int e = 0; e < VW; ++e) tmp[e] = acc[v * VW + e][j];
-        *reinterpret_cast<V*>(o + long(q) * M) = pack<V>(tmp);
+        st16<V>(o + long(q) * M, pack<V>(tmp));
       }
     } else {
 #pragma unroll
@@ -450,7 +507,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) fused_kernel(const __grid
   const int ccols = min(a.c, fK - c0);  // columns of W_K this slice really has
   const int P1 = int(N / fK);
   const int S = P1 * a.c;  // state elements
-  auto ident = [](long p) { return p; };
+  auto ident = [](int p) { return p; };
 
   // step 1: state (P1, c) = x[b]ᵀ · W_K[:, c0 : c0 + c]
   {
@@ -462,8 +519,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) fused_kernel(const __grid
     const bool vec_w = (a.wvec >> (K - 1)) & 1u;
     for (int t = 0; t < tiles; ++t) {
       const int p0 = (t / tiles_q) * L.bp, q0 = (t % tiles_q) * L.bq;
-      const PStager<T, THREADS, KC> sa(p0, P1, L.bp, P1, a.vec_x, ident);
-      const PStager<T, THREADS, KC, true> sb(q0, ccols, L.bq, fK, vec_w, ident);
+      const PStager<T, THREADS, KC, false, int> sa(p0, P1, L.bp, P1, a.vec_x, ident);
+      const PStager<T, THREADS, KC, true, int> sb(q0, ccols, L.bq, fK, vec_w, ident);
       T acc[TM][TN];
       zero(acc);
       pipeline(
@@ -476,7 +533,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) fused_kernel(const __grid
             mma_chunk<T, TM, TN, KC>(As + s * KC * a.ldA, a.ldA, Bs + s * KC * a.ldB, a.ldB, min(KC, fK - c * KC),
                                      tm * VW, L.tmt * VW, tn * VW, L.tnt * VW, acc);
           });
-      store_rows(buf0, a.c, long(P1), a.c, long(p0), q0, acc, L, tm, tn, true);
+      store_rows<true>(buf0, a.c, long(P1), a.c, long(p0), q0, acc, L, tm, tn, true);
     }
     __syncthreads();
   }
@@ -495,7 +552,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) fused_kernel(const __grid
       const int tiles_q = cdiv(fs, L.bq), tiles = cdiv(P, L.bp) * tiles_q;
       for (int t = 0; t < tiles; ++t) {
         const int p0 = (t / tiles_q) * L.bp, q0 = (t % tiles_q) * L.bq;
-        const PStager<T, THREADS, KC, true> sb(q0, fs, L.bq, fs, vec_w, ident);
+        const PStager<T, THREADS, KC, true, int> sb(q0, fs, L.bq, fs, vec_w, ident);
         T acc[TM][TN];
         zero(acc);
         pipeline(
@@ -506,7 +563,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) fused_kernel(const __grid
                                        min(KC, fs - c * KC), tm * VW, L.tmt * VW, tn * VW, L.tnt * VW, acc);
             });
         if (s < K) {
-          store_rows(cur ? buf0 : buf1, fs, long(P), fs, long(p0), q0, acc, L, tm, tn, fs % VW == 0);
+          store_rows<true>(cur ? buf0 : buf1, fs, long(P), fs, long(p0), q0, acc, L, tm, tn, fs % VW == 0);
         } else {
           // last step: row p = (j_K local, j_{K-1}, …, j_2) -> y[b][(c0 + jl)·(N/f_K) + rest·f_1 + q]
           using V = typename Vec<T>::type;
@@ -522,7 +579,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) fused_kernel(const __grid
 #pragma unroll
               for (int v = 0; v < TN / VW; ++v) {
                 const int q = q0 + (v * L.tnt + tn) * VW;
-                if (q < fs) *reinterpret_cast<V*>(d + q) = pack<V>(&acc[i][v * VW]);
+                if (q < fs) st16<V>(d + q, pack<V>(&acc[i][v * VW]));
               }
             } else {
 #pragma unroll
@@ -573,21 +630,23 @@ inline DeviceFacts device_facts() {
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Per-SM cost of a grid of `tiles` equal tiles, in FMA slots; smaller 4×4 tiles pay for their extra shared loads.
-inline double grid_cost(long tiles, int cfg, int f, int sms) {
-  const Layout L = make_layout(kCfgThreads[cfg], kCfgTM[cfg], kCfgTN[cfg], f);
-  const double eff = cfg == 0 ? 1.0 : (cfg == 1 ? 0.75 : 0.7);
+template <class T> double grid_cost(long tiles, int cfg, int f, int sms) {
+  const CfgShape c = cfg_shape<T>(cfg);
+  const Layout L = make_layout(c.threads, c.tm, c.tn, f);
+  const double eff = c.tm * c.tn == 64 ? 1.0 : (c.threads == 256 ? 0.75 : 0.7);
   return double((tiles + sms - 1) / sms) * L.bp * L.bq / eff;
 }
 
 // The smaller-tile configurations (1, 2) when the 128×128 tiles of cfg 0 would leave SMs idle.
-inline int pick_cfg(long rows, int f, int sms, bool allow_cfg1 = true) {
+template <class T> int pick_cfg(long rows, int f, int sms, bool allow_cfg1 = true) {
   int best = 0;
   double best_cost = 0;
   for (int cfg = 0; cfg < kConfigs; ++cfg) {
     if (cfg == 1 && !allow_cfg1) continue;
-    const Layout L = make_layout(kCfgThreads[cfg], kCfgTM[cfg], kCfgTN[cfg], f);
+    const CfgShape cs = cfg_shape<T>(cfg);
+    const Layout L = make_layout(cs.threads, cs.tm, cs.tn, f);
     const long tiles = (rows + L.bp - 1) / L.bp * cdiv(f, L.bq);
-    const double c = grid_cost(tiles, cfg, f, sms);
+    const double c = grid_cost<T>(tiles, cfg, f, sms);
     if (cfg == 0 || c < best_cost) best = cfg, best_cost = c;
   }
   return best;
@@ -611,11 +670,11 @@ cudaError_t launch_fstep(const T* x, const T* w, T* y, long B, long N, int f, cu
 
 template <class T>
 cudaError_t fstep(const T* x, const T* w, T* y, long B, long N, int f, int cfg, cudaStream_t s) {
-  if (cfg < 0) cfg = pick_cfg(B * (N / f), f, device_facts().sms);
+  if (cfg < 0) cfg = pick_cfg<T>(B * (N / f), f, device_facts().sms);
   switch (cfg) {
-    case 0: return launch_fstep<T, Cfg0>(x, w, y, B, N, f, s);
-    case 1: return launch_fstep<T, Cfg1>(x, w, y, B, N, f, s);
-    default: return launch_fstep<T, Cfg2>(x, w, y, B, N, f, s);
+    case 0: return launch_fstep<T, typename CfgOf<T, 0>::type>(x, w, y, B, N, f, s);
+    case 1: return launch_fstep<T, typename CfgOf<T, 1>::type>(x, w, y, B, N, f, s);
+    default: return launch_fstep<T, typename CfgOf<T, 2>::type>(x, w, y, B, N, f, s);
   }
 }
 
@@ -635,15 +694,16 @@ cudaError_t launch_rstep(const T* d, const T* w, T* out, long B, long N, int f, 
 
 template <class T>
 cudaError_t rstep(const T* d, const T* w, T* out, long B, long N, int f, cudaStream_t s) {
-  const int cfg = pick_cfg(B * (N / f), f, device_facts().sms, false);
-  return cfg == 0 ? launch_rstep<T, Cfg0>(d, w, out, B, N, f, s) : launch_rstep<T, Cfg2>(d, w, out, B, N, f, s);
+  const int cfg = pick_cfg<T>(B * (N / f), f, device_facts().sms, false);
+  return cfg == 0 ? launch_rstep<T, typename CfgOf<T, 0>::type>(d, w, out, B, N, f, s)
+                  : launch_rstep<T, typename CfgOf<T, 2>::type>(d, w, out, B, N, f, s);
 }
 
 // dW split: enough (tile, split) blocks for two waves, each split at least 4 chunks long.
 inline int dw_cfg(int f) { return f >= 96 ? 0 : 2; }
 template <class T> inline int dw_splits(long B, long N, int f, int sms) {
-  const int cfg = dw_cfg(f);
-  const Layout L = make_layout(kCfgThreads[cfg], kCfgTM[cfg], kCfgTN[cfg], f);
+  const CfgShape cs = cfg_shape<T>(dw_cfg(f));
+  const Layout L = make_layout(cs.threads, cs.tm, cs.tn, f);
   const long tiles = long(cdiv(f, L.bp)) * cdiv(f, L.bq);
   const long total = B * cdiv(int(N / f), chunk_k<T>());
   long splits = (2L * sms + tiles - 1) / tiles;
@@ -677,9 +737,9 @@ struct FusedPlan {
 template <class T> using FusedFn = void (*)(FusedArgs<T>);
 template <class T> FusedFn<T> fused_fn(int cfg) {
   switch (cfg) {
-    case 0: return fused_kernel<T, Cfg0>;
-    case 1: return fused_kernel<T, Cfg1>;
-    default: return fused_kernel<T, Cfg2>;
+    case 0: return fused_kernel<T, typename CfgOf<T, 0>::type>;
+    case 1: return fused_kernel<T, typename CfgOf<T, 1>::type>;
+    default: return fused_kernel<T, typename CfgOf<T, 2>::type>;
   }
 }
 
@@ -701,7 +761,8 @@ template <class T> FusedPlan fused_layout(long N, const int* f, int K, int cfg, 
   FusedPlan p;
   p.cfg = cfg;
   p.c = c;
-  const int th = kCfgThreads[cfg], tm = kCfgTM[cfg], tn = kCfgTN[cfg];
+  const CfgShape cs = cfg_shape<T>(cfg);
+  const int th = cs.threads, tm = cs.tm, tn = cs.tn;
   const int fK = f[K - 1];
   const long S = (N / fK) * c;
   if (S > (1L << 28)) return p;
@@ -722,7 +783,8 @@ template <class T> FusedPlan fused_layout(long N, const int* f, int K, int cfg, 
 // register tiles and few resident warps) against its share of L2 reads (each slice re-reads x[b] and the factors).
 template <class T> double fused_cost(FusedPlan& p, long B, long N, const int* f, int K) {
   const DeviceFacts dev = device_facts();
-  const int th = kCfgThreads[p.cfg], tm = kCfgTM[p.cfg], tn = kCfgTN[p.cfg];
+  const CfgShape cs = cfg_shape<T>(p.cfg);
+  const int th = cs.threads, tm = cs.tm, tn = cs.tn;
   const int fK = f[K - 1];
   const long P1 = N / fK;
   const long S = P1 * p.c;
@@ -742,7 +804,7 @@ template <class T> double fused_cost(FusedPlan& p, long B, long N, const int* f,
   const long per_sm = (blocks + dev.sms - 1) / dev.sms;
   const long resident = std::min<long>(std::max(p.blocks_per_sm, 1), per_sm);
   const double warps = double(resident) * th / 32;
-  const double eff = (p.cfg == 0 ? 1.0 : 0.75) * std::min(1.0, warps / 8.0);
+  const double eff = (tm * tn == 64 ? 1.0 : 0.75) * std::min(1.0, warps / 8.0);
   const double t_fma = double(per_sm) * work / (128.0 * eff);
   const double t_l2 = double(per_sm) * (double(N) + wbytes) * sizeof(T) / 24.0;  // ~24 B/clk/SM from L2
   return std::max(t_fma, t_l2);
@@ -780,7 +842,8 @@ template <class T> FusedPlan plan_fused(long B, long N, const int* f, int K, int
         FusedPlan p = fused_layout<T>(N, f, K, cfg, c);
         if (!p.ok) continue;
         int bps = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, fused_fn<T>(cfg), kCfgThreads[cfg], size_t(p.smem));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, fused_fn<T>(cfg), cfg_shape<T>(cfg).threads,
+                                                      size_t(p.smem));
         if (bps <= 0) continue;
         p.blocks_per_sm = bps;
         p.cost = fused_cost<T>(p, B, N, f, K);
@@ -820,16 +883,15 @@ cudaError_t fused(const T* x, T* y, const T* const* w, const int* f, int K, long
   a.vec_y = f[0] % VW == 0 && aligned16(y);
   const long blocks = B * p.nslices;
   if (blocks > 0x7fffffffL) return cudaErrorInvalidConfiguration;
-  switch (p.cfg) {
-    case 0: fused_kernel<T, Cfg0><<<unsigned(blocks), Cfg0::THREADS, size_t(p.smem), s>>>(a); break;
-    case 1: fused_kernel<T, Cfg1><<<unsigned(blocks), Cfg1::THREADS, size_t(p.smem), s>>>(a); break;
-    default: fused_kernel<T, Cfg2><<<unsigned(blocks), Cfg2::THREADS, size_t(p.smem), s>>>(a); break;
-  }
+  fused_fn<T>(p.cfg)<<<unsigned(blocks), cfg_shape<T>(p.cfg).threads, size_t(p.smem), s>>>(a);
   return cudaGetLastError();
 }
 
 // ---- forward / backward drivers -----------------------------------------------------------------------------------
-// version 3: one F-step per factor (intermediates in `states` when given, else in scratch: 2·B·N elements);
+// Workspace sub-buffers start on 16-byte boundaries (so the vector paths stay on): B·N rounded up to 4 elements.
+inline long padded(long n) { return (n + 3) / 4 * 4; }
+
+// version 3: one F-step per factor (intermediates in `states` when given, else in scratch: forward_scratch());
 // version 4: the fused kernel (states saved when given), or version 3 where it does not fit / K = 1.
 template <class T>
 cudaError_t forward(int version, const T* x, T* y, const T* const* w, const int* f, int K, long B, long N,
@@ -842,7 +904,7 @@ cudaError_t forward(int version, const T* x, T* y, const T* const* w, const int*
   const T* src = x;
   for (int st = 1; st <= K; ++st) {
     const int idx = K - st;  // W_{K-st+1}
-    T* dst = st == K ? y : (states ? states[K - st - 1] : scratch + long((st - 1) & 1) * B * N);
+    T* dst = st == K ? y : (states ? states[K - st - 1] : scratch + long((st - 1) & 1) * padded(B * N));
     cudaError_t e = fstep(src, w[idx], dst, B, N, f[idx], version == 3 ? cfg : -1, s);
     if (e != cudaSuccess) return e;
     src = dst;
@@ -850,11 +912,13 @@ cudaError_t forward(int version, const T* x, T* y, const T* const* w, const int*
   return cudaSuccess;
 }
 
+inline long forward_scratch(long B, long N, int K) { return long(std::min(K - 1, 2)) * padded(B * N); }
+
 // Workspace (elements) for backward: dF ping-pong buffers (K-1 of them, at most 2) + the dW partials.
 template <class T> long backward_workspace(long B, long N, const int* f, int K) {
   const int sms = device_facts().sms;
-  long n = long(std::min(K - 1, 2)) * B * N;
-  for (int k = 0; k < K; ++k) n += long(dw_splits<T>(B, N, f[k], sms)) * f[k] * f[k];
+  long n = long(std::min(K - 1, 2)) * padded(B * N);
+  for (int k = 0; k < K; ++k) n += padded(long(dw_splits<T>(B, N, f[k], sms)) * f[k] * f[k]);
   return n;
 }
 
@@ -862,8 +926,8 @@ template <class T>
 cudaError_t backward(const T* g, const T* x, const T* const* w, const int* f, int K, long B, long N,
                      const T* const* states, T* dx, T* const* dw, T* ws, cudaStream_t s) {
   const int sms = device_facts().sms;
-  T* dF[2] = {ws, ws + (K >= 3 ? B * N : 0)};
-  T* part = ws + long(std::min(K - 1, 2)) * B * N;
+  T* dF[2] = {ws, ws + (K >= 3 ? padded(B * N) : 0)};
+  T* part = ws + long(std::min(K - 1, 2)) * padded(B * N);
   ReduceArgs<T> ra{};
   ra.K = K;
   int max_ff = 1;
@@ -873,8 +937,8 @@ cudaError_t backward(const T* g, const T* x, const T* const* w, const int* f, in
     const T* Fk = k == K ? x : states[k - 1];
     const int splits = dw_splits<T>(B, N, fk, sms);
     if (B > 0) {
-      cudaError_t e = dw_cfg(fk) == 0 ? launch_dw<T, Cfg0>(Fk, D, part, B, N, fk, splits, s)
-                                      : launch_dw<T, Cfg2>(Fk, D, part, B, N, fk, splits, s);
+      cudaError_t e = dw_cfg(fk) == 0 ? launch_dw<T, typename CfgOf<T, 0>::type>(Fk, D, part, B, N, fk, splits, s)
+                                      : launch_dw<T, typename CfgOf<T, 2>::type>(Fk, D, part, B, N, fk, splits, s);
       if (e != cudaSuccess) return e;
     }
     ra.part[k - 1] = part;
@@ -882,7 +946,7 @@ cudaError_t backward(const T* g, const T* x, const T* const* w, const int* f, in
     ra.ff[k - 1] = fk * fk;
     ra.splits[k - 1] = B > 0 ? splits : 0;
     max_ff = std::max(max_ff, fk * fk);
-    part += long(splits) * fk * fk;
+    part += padded(long(splits) * fk * fk);
     if (B > 0) {
       T* out = k == K ? dx : dF[(k - 1) & 1];
       cudaError_t e = rstep(D, w[k - 1], out, B, N, fk, s);
@@ -909,11 +973,12 @@ cudaError_t backward(const T* g, const T* x, const T* const* w, const int* f, in
   int64_t kron_backward_workspace(const T*, int64_t B, int64_t N, const int* f, int K) {                           \
     return kron::backward_workspace<T>(B, N, f, K);                                                                \
   }                                                                                                                \
+  int64_t kron_forward_scratch(const T*, int64_t B, int64_t N, int K) { return kron::forward_scratch(B, N, K); }   \
   void kron_fused_plan(const T*, int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int64_t* info) {    \
     const kron::FusedPlan p = kron::plan_fused<T>(B, N, f, K, cfg, cols);                                          \
-    const int c = p.ok ? p.cfg : 0;                                                                                \
-    const int64_t v[] = {p.ok, p.cfg, p.c, p.nslices, p.smem, p.blocks_per_sm, kron::kCfgThreads[c],               \
-                         kron::kCfgTM[c], kron::kCfgTN[c], int64_t(p.cost), kron::device_facts().smem_optin};      \
+    const kron::CfgShape cs = kron::cfg_shape<T>(p.ok ? p.cfg : 0);                                               \
+    const int64_t v[] = {p.ok, p.cfg, p.c, p.nslices, p.smem, p.blocks_per_sm, cs.threads, cs.tm, cs.tn,            \
+                         int64_t(p.cost), kron::device_facts().smem_optin};                                         \
     for (int i = 0; i < 11; ++i) info[i] = v[i];                                                                   \
   }
 LAB_KRON_INSTANTIATE(float)

@@ -10,15 +10,18 @@
 //
 // The problem is the list. A kernel takes plain arguments; how do 148 (or 2000) tensor addresses reach it?
 //   v1: a metadata struct of pointers and a block->(tensor, chunk) map passed BY VALUE, sized to the classic 4 KB
-//       kernel-parameter limit (36 tensors, 448 chunks of 64K elements per launch): as many launches as it takes.
+//       kernel-parameter limit (36 tensors, 416 chunks of 64K elements per launch): as many launches as it takes.
 //       This is torch's multi_tensor_apply scheme.
-//   v2: the same struct sized to 32764 bytes, the limit since CUDA 12.1 on Volta and newer (256 tensors, 4000 chunks
-//       per launch; nvcc itself rejects one byte more): fewer launches (GPT-2 small: 1 instead of 5).
+//   v2: the same struct sized to the 32764-byte limit of CUDA 12.1+ on Volta and newer (nvcc rejects one byte more),
+//       less 524 bytes (see kIndexableParamBytes): 256 tensors, 3936 chunks per launch; GPT-2 small: 1 launch, not 6.
 //   v3: the table in device memory (the notes' "revisit attempt 2"): one launch for any list, one 512-thread block per
 //       64K-element chunk as before. The table is written by a small kernel whose argument is the table itself (by
 //       value, 32000 bytes at a time), so the upload is stream-ordered and can be captured in a CUDA graph.
-//   v4: persistent: one wave of blocks (SMs x resident blocks), each taking an equal slice of all elements across
-//       tensor boundaries (its first tensor precomputed in the table): no tail wave, no idle block on a small tensor.
+//   v4: flat: the tensors laid end to end as one index space of 4-element quads; each block takes Q·512 consecutive
+//       quads, whatever tensors they belong to, and each thread finds its tensor by walking forward. No block idles
+//       on a 64-element tensor, and the hardware still balances blocks over SMs. (A persistent variant — one wave,
+//       equal static slices — measured 72% of copy bandwidth against v3's 93% on GPT-2 small: an H100's SMs do not
+//       drain HBM equally fast, and static slices leave the whole step waiting on the slowest SM.)
 //
 // The step count lives on the device and is read by the kernel, so a step can be captured in a CUDA graph and
 // replayed. Who increments it? Every block reads s before updating; the last block to finish (an atomic ticket) adds
@@ -27,9 +30,19 @@
 // replays; β1, β2, eps, weight decay are captured constants.
 //
 // Napkin math: fp32 AdamW reads p, g, m, v and writes p, m, v: 28 B/param (bf16 params 22; amsgrad +8).
-// GPT-2 small, 124,439,808 params in 148 tensors: 3.48 GB per step = 1.17 ms at the H100's 2968 GB/s copy rate.
-// ~15 flops/param against 28 bytes: memory-bound by far. With 2000 small tensors the work (a few MB) is tens of
-// microseconds, and the cost is launches: torch's foreach AdamW issues ~12 kernels per 36-tensor slice.
+// GPT-2 small, 124,439,808 params in 148 tensors: 3.48 GB per step = 1.17 ms at the H100's ~2990 GB/s copy rate.
+// ~15 flops/param against 28 bytes: memory-bound by far. With 2000 small tensors the work (93 MB) is ~31 us, and
+// the cost is launches and the host: torch's foreach AdamW issues ~10 kernels per 36-tensor slice.
+//
+// Measured (H100 80GB HBM3, torch 2.11; median step, L2 flushed; GB/s = 28·params / time; torch.compile from an
+// earlier run of the same session, the rest from one run):
+//   GPT-2 small      torch for-loop 14.5 ms, foreach 3.82, fused 1.344 (87% of copy); torch.compile 1.266 (35 s to
+//                    compile); v1 1.308 ms (89%, 6 launches), v2 1.258 (93%), v3 1.256 (93%), v4 1.229 (95%)
+//   2000 tensors     torch foreach 21.1 ms, fused 10.4 (both host-bound); v4 0.334 ms (host-bound: 358 us of host
+//                    per step); from a CUDA graph v3 81 us, v4 84 us, torch fused+capturable 514 us
+// What is left on GPT-2 is the copy ceiling itself (v4 runs at 95% of a plain 1:1 copy). On 2000 tensors a replayed
+// step is 2.7x the 31 us bandwidth floor; not yet broken down. Suspects: the graph re-writes the 128 KB pointer table
+// (5 small launches) on every replay, and tensors of a few hundred quads leave a block's loads short of a full wave.
 #include "lab_cuda.cuh"
 
 #include <cuda_bf16.h>
@@ -43,6 +56,8 @@
 
 namespace optim {
 
+// 512 threads, at least 3 blocks per SM (<= 40 registers; 2 with amsgrad's extra stream): 1536 threads each with 4
+// independent 16-byte loads in flight is ~96 KB per SM, several times what HBM3 needs to stay busy (~25 KB).
 constexpr int kBlock = 512;
 constexpr int kNPtr = 6;                           // per tensor: p, g, m, v, step, vmax (null without amsgrad)
 enum Slot { kP = 0, kG, kM, kV, kS, kVmax };
@@ -59,9 +74,9 @@ struct Hyper {
   int flags;
 };
 
-// Per tensor and step: the bias-corrected step size and sqrt(1 - β2^t).
+// Per tensor and step: the bias-corrected step size and 1/sqrt(1 - β2^t).
 struct Coef {
-  float step_size, bc2_sqrt, decay;
+  float step_size, inv_bc2_sqrt, decay;
 };
 
 __device__ __forceinline__ Coef coef_for(const Hyper& h, float step_prev) {
@@ -70,7 +85,7 @@ __device__ __forceinline__ Coef coef_for(const Hyper& h, float step_prev) {
   Coef c;
   // IEEE division and square root even under --use_fast_math: these feed every element of the tensor
   c.step_size = __fdiv_rn(lr, -expm1f(t * h.log_b1));
-  c.bc2_sqrt = __fsqrt_rn(-expm1f(t * h.log_b2));
+  c.inv_bc2_sqrt = __frcp_rn(__fsqrt_rn(-expm1f(t * h.log_b2)));
   c.decay = h.lr_ptr ? 1.f - lr * h.wd : h.decay;
   return c;
 }
@@ -92,28 +107,30 @@ __device__ __forceinline__ void adam_update(float& p, float g, float& m, float& 
     vmax = fmaxf(vmax, v);
     s = vmax;
   }
-  const float denom = __fdiv_rn(__fsqrt_rn(s), c.bc2_sqrt) + h.eps;
+  const float denom = __fsqrt_rn(s) * c.inv_bc2_sqrt + h.eps;  // torch on CUDA also multiplies by the reciprocal
   p -= c.step_size * __fdiv_rn(m, denom);   // param.addcdiv_(exp_avg, denom, value=-step_size)
 }
 
-// 4 consecutive elements <-> 4 floats: one 16-byte access for fp32, one 8-byte access for bf16/fp16.
+// 4 consecutive elements <-> 4 floats: one 16-byte access for fp32, one 8-byte access for bf16/fp16. Every byte is
+// touched once per step, so loads and stores are streaming (evict-first); they also name the global space, where
+// pointers read from a table would otherwise give generic loads.
 template <class P> struct Io;
 template <> struct Io<float> {
   static constexpr int kAlign = 16;
   __device__ static void load4(const float* s, float (&x)[4]) {
-    const float4 t = *reinterpret_cast<const float4*>(s);
+    const float4 t = __ldcs(reinterpret_cast<const float4*>(s));
     x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
   }
   __device__ static void store4(float* d, const float (&x)[4]) {
-    *reinterpret_cast<float4*>(d) = make_float4(x[0], x[1], x[2], x[3]);
+    __stcs(reinterpret_cast<float4*>(d), make_float4(x[0], x[1], x[2], x[3]));
   }
-  __device__ static float load1(const float* s) { return *s; }
-  __device__ static void store1(float* d, float x) { *d = x; }
+  __device__ static float load1(const float* s) { return __ldcs(s); }
+  __device__ static void store1(float* d, float x) { __stcs(d, x); }
 };
 template <> struct Io<__nv_bfloat16> {
   static constexpr int kAlign = 8;
   __device__ static void load4(const __nv_bfloat16* s, float (&x)[4]) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(s);
+    const uint2 raw = __ldcs(reinterpret_cast<const uint2*>(s));
     const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
     x[0] = a.x, x[1] = a.y, x[2] = b.x, x[3] = b.y;
@@ -123,15 +140,15 @@ template <> struct Io<__nv_bfloat16> {
     uint2 raw;
     raw.x = *reinterpret_cast<unsigned*>(&a);
     raw.y = *reinterpret_cast<unsigned*>(&b);
-    *reinterpret_cast<uint2*>(d) = raw;
+    __stcs(reinterpret_cast<uint2*>(d), raw);
   }
-  __device__ static float load1(const __nv_bfloat16* s) { return __bfloat162float(*s); }
-  __device__ static void store1(__nv_bfloat16* d, float x) { *d = __float2bfloat16_rn(x); }
+  __device__ static float load1(const __nv_bfloat16* s) { return __bfloat162float(__ldcs(s)); }
+  __device__ static void store1(__nv_bfloat16* d, float x) { __stcs(d, __float2bfloat16_rn(x)); }
 };
 template <> struct Io<__half> {
   static constexpr int kAlign = 8;
   __device__ static void load4(const __half* s, float (&x)[4]) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(s);
+    const uint2 raw = __ldcs(reinterpret_cast<const uint2*>(s));
     const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
     const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
     x[0] = a.x, x[1] = a.y, x[2] = b.x, x[3] = b.y;
@@ -141,10 +158,10 @@ template <> struct Io<__half> {
     uint2 raw;
     raw.x = *reinterpret_cast<unsigned*>(&a);
     raw.y = *reinterpret_cast<unsigned*>(&b);
-    *reinterpret_cast<uint2*>(d) = raw;
+    __stcs(reinterpret_cast<uint2*>(d), raw);
   }
-  __device__ static float load1(const __half* s) { return __half2float(*s); }
-  __device__ static void store1(__half* d, float x) { *d = __float2half_rn(x); }
+  __device__ static float load1(const __half* s) { return __half2float(__ldcs(s)); }
+  __device__ static void store1(__half* d, float x) { __stcs(d, __float2half_rn(x)); }
 };
 
 // Elements [begin, end) of one tensor, spread over the block's threads. begin is a multiple of 4, so when the base
@@ -213,13 +230,21 @@ struct MetaByValue {
   static constexpr int kMaxT = MAX_T, kMaxB = MAX_B;
   const void* ptr[NPTR][MAX_T];   // p, g, m, v, step [, vmax] of each tensor slot
   int64_t numel[MAX_T];
+  uint8_t finishes[MAX_T];        // 1: the tensor's last chunk is in this launch, so its step is incremented here
   int32_t chunk[MAX_B];           // per block: which chunk of its tensor
   uint8_t slot[MAX_B];            // per block: which tensor slot (MAX_T <= 256)
-  uint8_t finishes[MAX_T];        // 1: the tensor's last chunk is in this launch, so its step is incremented here
 };
 
 // Everything else the by-value kernel takes (Hyper, the chunk size, the ticket pointer), in bytes, padding included.
 constexpr int kOtherArgs = 96;
+
+// Kernel parameters sit in constant bank 0 after a 0x210-byte driver header. nvcc 13.0 encodes a load from that
+// bank at a run-time index with a 16-bit signed displacement: an array that starts at bank offset 0x8000 or later
+// gets a negative one (`LDC.U8 R0, c[0x0][R9+-0x7fd0]`) and reads the wrong bytes. Measured on the H100: with the
+// struct filling all 32764 bytes, `finishes` (then last) read as 0 and v2 never advanced a step count. So the
+// indexed struct ends below 0x8000: 32240 bytes; the scalar arguments after it are read at constant offsets, which
+// work past 0x8000.
+constexpr int kIndexableParamBytes = 0x8000 - 0x210;
 
 // The struct for a kernel-parameter limit of LIMIT bytes: MAX_T tensor slots, and as many block slots as still fit.
 template <int LIMIT, bool AMS>
@@ -227,14 +252,16 @@ struct Caps {
   static constexpr int kNPtrUsed = AMS ? 6 : 5;
   static constexpr int kMaxT = LIMIT <= 4096 ? 36 : 256;
   static constexpr int kPerT = kNPtrUsed * 8 + 8 + 1;
-  static constexpr int kMaxB = ((LIMIT - kOtherArgs - kMaxT * kPerT - 16) / 5) / 32 * 32;
+  static constexpr int kBudget = LIMIT <= 4096 ? LIMIT - kOtherArgs : kIndexableParamBytes;
+  static constexpr int kMaxB = ((kBudget - kMaxT * kPerT - 16) / 5) / 32 * 32;
   using Meta = MetaByValue<kNPtrUsed, kMaxT, kMaxB>;
   static_assert(sizeof(Meta) + kOtherArgs <= LIMIT, "metadata struct over the kernel-parameter limit");
+  static_assert(sizeof(Meta) <= kIndexableParamBytes, "indexed metadata must end below constant-bank offset 0x8000");
 };
 static_assert(sizeof(Hyper) + 16 <= kOtherArgs, "kOtherArgs too small");
 
 template <class P, bool AMS, class Meta>
-__global__ void __launch_bounds__(kBlock) adam_byvalue_kernel(const __grid_constant__ Meta meta, const Hyper h,
+__global__ void __launch_bounds__(kBlock, AMS ? 2 : 3) adam_byvalue_kernel(const __grid_constant__ Meta meta, const Hyper h,
                                                               const int64_t chunk, int* counter) {
   const int s = meta.slot[blockIdx.x];
   const void* ptr[kNPtr] = {};
@@ -309,14 +336,16 @@ struct TableHeader {               // 64 bytes at the start of the table
   int32_t version;
   int64_t chunk;                   // v3: elements per block
   int64_t total_quads;             // v4
-  int64_t pad[4];
+  int32_t q_per_thread;            // v4: quads per thread (the block covers q_per_thread · 512 quads)
+  int32_t pad0;
+  int64_t pad[3];
 };
 static_assert(sizeof(Rec) == 64 && sizeof(TableHeader) == 64, "table layout");
 // v3 layout: header | Rec[n] | int2 blocks[blocks] (tensor, chunk)
-// v4 layout: header | Rec[n] | int32 first[blocks] (first tensor that overlaps the block's slice)
+// v4 layout: header | Rec[n] | int32 first[blocks] (the tensor holding the block's first quad)
 
 template <class P, bool AMS>
-__global__ void __launch_bounds__(kBlock) adam_table_kernel(const Rec* __restrict__ recs,
+__global__ void __launch_bounds__(kBlock, AMS ? 2 : 3) adam_table_kernel(const Rec* __restrict__ recs,
                                                             const int2* __restrict__ blocks, int n, int64_t chunk,
                                                             const Hyper h, int* counter) {
   const int2 b = blocks[blockIdx.x];
@@ -333,39 +362,84 @@ __global__ void __launch_bounds__(kBlock) adam_table_kernel(const Rec* __restric
   }
 }
 
+// v4 (2 blocks of 512 per SM: the tensor walk needs more than 40 registers; 1024 threads with one 64-byte quad in
+// flight each is still over twice what HBM needs per SM). Block b owns quads [b·Q·512, (b+1)·Q·512) of the concatenation of all tensors (a quad = 4 elements; every
+// tensor starts on a quad). Thread x takes quads b·Q·512 + k·512 + x, k < Q: consecutive threads read consecutive
+// addresses, a block may span many small tensors (no idle threads), and the hardware hands out blocks as SMs free up.
+// Each thread walks forward through the tensors from the block's first one (precomputed) and reloads a tensor's
+// record only when it crosses into the next.
 template <class P, bool AMS>
-__global__ void __launch_bounds__(kBlock) adam_persistent_kernel(const Rec* __restrict__ recs,
-                                                                 const int* __restrict__ first, int n,
-                                                                 int64_t total_quads, const Hyper h, int* counter) {
-  // this block's slice of the concatenated quads: [q0, q1)
-  const int64_t q0 = total_quads * blockIdx.x / gridDim.x, q1 = total_quads * (blockIdx.x + 1) / gridDim.x;
-  float cached_step = -1.f;  // steps are almost always equal across tensors: compute the coefficients once
+__global__ void __launch_bounds__(kBlock, 2) adam_flat_kernel(const Rec* __restrict__ recs, const int* __restrict__ first,
+                                                              int n, int64_t total_quads, int q_per_thread,
+                                                              const Hyper h, int* counter) {
+  const int64_t base = int64_t(blockIdx.x) * q_per_thread * kBlock;
+  int t = first[blockIdx.x] - 1;
+  int64_t start = 0, end = 0, numel = 0;   // the current tensor: quads [start, end), numel elements
+  P* p = nullptr;
+  const P* g = nullptr;
+  float *m = nullptr, *v = nullptr, *vm = nullptr;
+  bool vec = false;
+  float cached_step = -1.f;
   Coef c{};
-  for (int t = first[blockIdx.x]; t < n; ++t) {
-    const Rec* r = recs + t;
-    const int64_t s = r->start;
-    if (s >= q1) break;
-    const int64_t numel = r->numel;
-    const int64_t a = max(q0, s), b = min(q1, s + ((numel + 3) >> 2));
-    if (a >= b) continue;
-    const void* ptr[kNPtr];
-#pragma unroll
-    for (int k = 0; k < kNPtr; ++k) ptr[k] = r->ptr[k];
-    const float st = *static_cast<const float*>(ptr[kS]);
-    if (st != cached_step) {
-      c = coef_for(h, st);
-      cached_step = st;
+  for (int k = 0; k < q_per_thread; ++k) {
+    const int64_t q = base + int64_t(k) * kBlock + threadIdx.x;
+    if (q >= total_quads) break;
+    if (q >= end) {
+      do {                                  // empty tensors have start == end and are stepped over
+        ++t;
+        start = recs[t].start;
+        numel = recs[t].numel;
+        end = start + ((numel + 3) >> 2);
+      } while (q >= end);
+      const Rec* r = recs + t;
+      p = static_cast<P*>(const_cast<void*>(r->ptr[kP]));
+      g = static_cast<const P*>(r->ptr[kG]);
+      m = static_cast<float*>(const_cast<void*>(r->ptr[kM]));
+      v = static_cast<float*>(const_cast<void*>(r->ptr[kV]));
+      if (AMS) vm = static_cast<float*>(const_cast<void*>(r->ptr[kVmax]));
+      const uintptr_t pa = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g);
+      const uintptr_t sa = reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v) |
+                           (AMS ? reinterpret_cast<uintptr_t>(vm) : 0);
+      vec = pa % Io<P>::kAlign == 0 && sa % 16 == 0;
+      const float st = *static_cast<const float*>(r->ptr[kS]);
+      if (st != cached_step) {
+        c = coef_for(h, st);
+        cached_step = st;
+      }
     }
-    update_range<P, AMS>(ptr, 4 * (a - s), min(numel, 4 * (b - s)), h, c);
+    const int64_t i = 4 * (q - start);
+    if (vec && i + 4 <= numel) {
+      float xp[4], xg[4], xm[4], xv[4], xx[4];
+      Io<P>::load4(p + i, xp);
+      Io<P>::load4(g + i, xg);
+      Io<float>::load4(m + i, xm);
+      Io<float>::load4(v + i, xv);
+      if (AMS) Io<float>::load4(vm + i, xx);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) adam_update<AMS>(xp[e], xg[e], xm[e], xv[e], xx[e], h, c);
+      Io<P>::store4(p + i, xp);
+      Io<float>::store4(m + i, xm);
+      Io<float>::store4(v + i, xv);
+      if (AMS) Io<float>::store4(vm + i, xx);
+    } else {                                // a misaligned tensor, or the last, partial quad of one
+      for (int64_t j = i; j < i + 4 && j < numel; ++j) {
+        float xp = Io<P>::load1(p + j), xm = m[j], xv = v[j], xx = AMS ? vm[j] : 0.f;
+        adam_update<AMS>(xp, Io<P>::load1(g + j), xm, xv, xx, h, c);
+        Io<P>::store1(p + j, xp);
+        m[j] = xm;
+        v[j] = xv;
+        if (AMS) vm[j] = xx;
+      }
+    }
   }
   if (last_block_done(counter)) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) *static_cast<float*>(const_cast<void*>(recs[i].ptr[kS])) += 1.f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) *static_cast<float*>(const_cast<void*>(recs[j].ptr[kS])) += 1.f;
   }
 }
 
 // Uploads the table through kernel arguments: stream-ordered like any launch, capturable in a CUDA graph (where
 // the graph keeps the bytes), and no pinned staging buffer to keep alive.
-constexpr int kWords = 4000;  // 32000 bytes per launch, under the 32764-byte parameter limit
+constexpr int kWords = 4000;  // 32000 bytes per launch: indexed, so it must end below bank offset 0x8000 (as above)
 struct Words {
   unsigned long long w[kWords];
 };
@@ -373,26 +447,31 @@ __global__ void write_words_kernel(const __grid_constant__ Words src, unsigned l
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src.w[i];
 }
 
+// v4: quads per thread, so that there are at least ~2 waves of blocks (room for the hardware to balance the SMs)
+// and at most 8 quads (128 B of each fp32 stream) per thread.
 template <class P, bool AMS>
-int persistent_grid(int64_t total_quads) {
+int flat_quads_per_thread(int64_t total_quads) {
   static int per_sm = 0;  // resident blocks per SM, asked once per kernel instance
   if (!per_sm) {
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adam_persistent_kernel<P, AMS>, kBlock, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adam_flat_kernel<P, AMS>, kBlock, 0);
     per_sm = std::max(per_sm, 1);
   }
-  const int64_t need = std::max<int64_t>(1, lab::ceil_div(total_quads, kBlock));
-  return int(std::min<int64_t>(int64_t(lab::sm_count()) * per_sm, need));
+  const int64_t waves2 = 2 * int64_t(lab::sm_count()) * per_sm * kBlock;
+  return int(std::clamp<int64_t>(total_quads / waves2, 1, 8));
 }
 
 template <class P, bool AMS>
-int64_t table_blocks(int version, const int64_t* numel, int n, int64_t chunk, int64_t* total_quads) {
+int64_t table_blocks(int version, const int64_t* numel, int n, int64_t chunk, int64_t* total_quads, int* qpt) {
   int64_t quads = 0, chunks = 0;
   for (int t = 0; t < n; ++t) {
     quads += (numel[t] + 3) / 4;
     chunks += std::max<int64_t>(1, lab::ceil_div(numel[t], chunk));
   }
   if (total_quads) *total_quads = quads;
-  return version == 3 ? chunks : persistent_grid<P, AMS>(quads);
+  if (version == 3) return chunks;
+  const int q = flat_quads_per_thread<P, AMS>(quads);
+  if (qpt) *qpt = q;
+  return std::max<int64_t>(1, lab::ceil_div(quads, int64_t(q) * kBlock));
 }
 
 template <class P, bool AMS>
@@ -406,8 +485,8 @@ cudaError_t launch_table(const void* dev, const void* host, const Hyper& h, cuda
     adam_table_kernel<P, AMS><<<hd->blocks, kBlock, 0, stream>>>(recs, reinterpret_cast<const int2*>(tail), hd->n,
                                                                   hd->chunk, h, counter);
   else
-    adam_persistent_kernel<P, AMS><<<hd->blocks, kBlock, 0, stream>>>(recs, reinterpret_cast<const int*>(tail), hd->n,
-                                                                       hd->total_quads, h, counter);
+    adam_flat_kernel<P, AMS><<<hd->blocks, kBlock, 0, stream>>>(recs, reinterpret_cast<const int*>(tail), hd->n,
+                                                                 hd->total_quads, hd->q_per_thread, h, counter);
   return cudaGetLastError();
 }
 
@@ -460,7 +539,7 @@ cudaError_t optim_adam_byvalue(int version, int dtype, bool amsgrad, const void*
 // v3/v4: size in bytes of the device table (a multiple of 8).
 int64_t optim_table_bytes(int version, int dtype, bool amsgrad, const int64_t* numel, int n, int64_t chunk) {
   const int64_t blocks = optim::dispatch(dtype, amsgrad, [&](auto p, auto ams) {
-    return optim::table_blocks<decltype(p), decltype(ams)::value>(version, numel, n, chunk, nullptr);
+    return optim::table_blocks<decltype(p), decltype(ams)::value>(version, numel, n, chunk, nullptr, nullptr);
   });
   const int64_t tail = version == 3 ? blocks * 8 : blocks * 4;
   return lab::ceil_div(int64_t(sizeof(optim::TableHeader)) + n * int64_t(sizeof(optim::Rec)) + tail, 8) * 8;
@@ -471,8 +550,9 @@ void optim_table_fill(int version, int dtype, bool amsgrad, const void* const* p
                       int64_t chunk, void* host) {
   using namespace optim;
   int64_t total_quads = 0;
+  int qpt = 1;
   const int64_t blocks = dispatch(dtype, amsgrad, [&](auto p, auto ams) {
-    return table_blocks<decltype(p), decltype(ams)::value>(version, numel, n, chunk, &total_quads);
+    return table_blocks<decltype(p), decltype(ams)::value>(version, numel, n, chunk, &total_quads, &qpt);
   });
   std::memset(host, 0, size_t(optim_table_bytes(version, dtype, amsgrad, numel, n, chunk)));
   auto* hd = static_cast<TableHeader*>(host);
@@ -482,6 +562,7 @@ void optim_table_fill(int version, int dtype, bool amsgrad, const void* const* p
   hd->version = version;
   hd->chunk = chunk;
   hd->total_quads = total_quads;
+  hd->q_per_thread = qpt;
   Rec* recs = reinterpret_cast<Rec*>(static_cast<char*>(host) + sizeof(TableHeader));
   int64_t start = 0;
   for (int t = 0; t < n; ++t) {
@@ -499,12 +580,12 @@ void optim_table_fill(int version, int dtype, bool amsgrad, const void* const* p
       for (int64_t c = 0; c < nchunks; ++c) bl[b++] = make_int2(t, int(c));
     }
   } else {
-    // block i's slice starts at quad total*i/blocks; its first tensor is the last one starting at or before it
-    // that is not empty (an empty tensor has no quads, so it never covers a slice start)
+    // block i starts at quad i·Q·512; its first tensor is the last one starting at or before that quad (threads
+    // step over empty tensors themselves)
     int* first = reinterpret_cast<int*>(tail);
     int t = 0;
     for (int64_t i = 0; i < blocks; ++i) {
-      const int64_t q0 = total_quads * i / blocks;
+      const int64_t q0 = i * int64_t(qpt) * kBlock;
       while (t + 1 < n && recs[t + 1].start <= q0) ++t;
       first[i] = t;
     }

@@ -9,7 +9,7 @@ for all tensors needs their addresses in the kernel, and the versions differ in 
     v1  a struct of pointers passed by value, sized to the classic 4 KB parameter limit: as many launches as it takes
     v2  the same struct sized to 32764 bytes (CUDA >= 12.1, Volta+): fewer launches
     v3  the table in device memory: one launch, one block per 64K-element chunk
-    v4  persistent: one wave of blocks, each an equal slice of all elements across tensor boundaries
+    v4  flat: the tensors end to end as one index space; a block may span many small tensors
 
     adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, ...)   functional, in place
     AdamW(params, lr, betas, eps, weight_decay, amsgrad, *, maximize, ...)   drop-in for torch.optim.AdamW
@@ -45,9 +45,9 @@ CHUNK = 65536          # elements per block in v1-v3 (torch's multi_tensor_apply
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 IDEAS = {
     "v1": "pointer struct by value, 4 KB kernel-parameter limit: 36 tensors / 416 chunks per launch",
-    "v2": "the struct sized to 32764 B (CUDA 12.1+): 256 tensors / 4000 chunks per launch",
+    "v2": "the struct sized to the 32 KB limit (CUDA 12.1+): 256 tensors / 3936 chunks per launch",
     "v3": "pointer table in device memory: one launch, one block per 64K-element chunk",
-    "v4": "persistent: one wave, each block an equal slice of all elements across tensors",
+    "v4": "flat: tensors end to end as one index space; a block spans tensors, no idle threads",
 }
 
 
@@ -77,11 +77,23 @@ def adam_step(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: l
         lr_f, lr_t = 0.0, lr
     else:
         lr_f, lr_t = float(lr), None
-    version = version or ("v4" if params and params[0].is_cuda else "cpu")
-    return ext().adam_step(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), list(max_exp_avg_sqs),
-                           list(state_steps), lr_f, lr_t, float(beta1), float(beta2), float(eps),
-                           float(weight_decay), bool(decoupled), bool(amsgrad), bool(maximize),
-                           version_number(version), int(chunk))
+    version = version or ("v4" if params and params[0] is not None and params[0].is_cuda else "cpu")
+    lists = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)
+    try:
+        return ext().adam_step(*(list(x) for x in lists), lr_f, lr_t, float(beta1), float(beta2), float(eps),
+                               float(weight_decay), bool(decoupled), bool(amsgrad), bool(maximize),
+                               version_number(version), int(chunk))
+    except TypeError as e:
+        if "incompatible function arguments" not in str(e):
+            raise
+        names = ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps")
+        for name, lst in zip(names, lists):  # pybind11 cannot say which entry it could not convert: find it
+            for i, t in enumerate(lst):
+                if not isinstance(t, torch.Tensor):
+                    what = "is None: every param in the list needs a gradient" if t is None and name == "grads" \
+                        else f"must be a tensor, got {type(t).__name__}"
+                    raise (ValueError if t is None else TypeError)(f"{name}[{i}] {what}") from None
+        raise
 
 
 # ---- the reference (plain PyTorch; verify runs it on float64 copies) --------------------------------------------
@@ -164,14 +176,26 @@ def _torch_adam(impl: str):
     """torch.optim.adam.adam, the functional form of torch.optim.Adam/AdamW, as its optimizers call it by default:
     the for-loop and foreach forms with the step count on the CPU, the fused form with it on the device."""
     def fn(params, grads, m, v, vmax, steps, hp):
-        from torch.optim.adam import adam
         dev_steps = impl == "fused" or params[0].device.type == "cpu"
         st = steps if dev_steps else hp["cpu_steps"]
-        adam(params, grads, m, v, vmax, st, foreach=impl == "foreach", fused=impl == "fused", capturable=False,
-             decoupled_weight_decay=hp["decoupled"], amsgrad=hp["amsgrad"], beta1=hp["beta1"], beta2=hp["beta2"],
-             lr=hp["lr"], weight_decay=hp["weight_decay"], eps=hp["eps"], maximize=hp["maximize"])
+        step_fn, kw = _torch_functional(hp["decoupled"])
+        step_fn(params, grads, m, v, vmax, st, foreach=impl == "foreach", fused=impl == "fused", capturable=False,
+                amsgrad=hp["amsgrad"], beta1=hp["beta1"], beta2=hp["beta2"], lr=hp["lr"],
+                weight_decay=hp["weight_decay"], eps=hp["eps"], maximize=hp["maximize"], **kw)
         return _outputs(params, m, v, vmax, st, hp)
     return fn
+
+
+def _torch_functional(decoupled: bool):
+    """torch.optim.adam.adam (with decoupled_weight_decay where this torch has it), else torch.optim.adamw.adamw."""
+    import inspect
+    from torch.optim import adam as adam_mod
+    if "decoupled_weight_decay" in inspect.signature(adam_mod.adam).parameters:
+        return adam_mod.adam, {"decoupled_weight_decay": decoupled}
+    if decoupled:
+        from torch.optim.adamw import adamw
+        return adamw, {}
+    return adam_mod.adam, {}
 
 
 def _versions() -> list[Version]:
@@ -402,7 +426,7 @@ def _variants(quick: bool) -> list[tuple[str, Callable, bool]]:
           ("torch.fused+capturable", lambda ps: torch.optim.AdamW(ps, lr=lr, fused=True, capturable=True), True)]
     if quick:
         vs = vs[1:3]
-    vs += [(v, (lambda v: lambda ps: AdamW(ps, lr=lr, version=v))(v), v == "v4") for v in IDEAS]
+    vs += [(v, (lambda v: lambda ps: AdamW(ps, lr=lr, version=v))(v), True) for v in IDEAS]
     return vs
 
 
@@ -413,7 +437,8 @@ def _row(op: str, version: str, sizes: list[int], t, nbytes: float, copy_gbps: f
     return {"family": FAMILY, "op": op, "version": version,
             "shape": f"tensors={len(sizes)} numel={sum(sizes)}", "size": sum(sizes), "dtype": "float32",
             "precision": "float32", "mode": t.mode, "median_us": t.median_us, "p20_us": t.p20_us,
-            "p80_us": t.p80_us, "reps": t.reps, "gbps": gbps, "pct_copy_bw": 100 * gbps / copy_gbps,
+            "p80_us": t.p80_us, "reps": t.reps, "gbps": gbps, "tflops": None, "pct_copy_bw": 100 * gbps / copy_gbps,
+            "pct_peak": None,
             "baseline": "torch.fused", "speedup": base_us / t.median_us if base_us else None, "note": note,
             **results.stamp(device)}
 
@@ -506,7 +531,8 @@ def _compiled_step(op, params, sizes, nbytes, copy, base_us, device, record_row)
     row = {"family": FAMILY, "op": op, "version": "torch.compile [compile]",
            "shape": f"tensors={len(sizes)} numel={sum(sizes)}", "size": sum(sizes), "dtype": "float32",
            "precision": "float32", "mode": "wall", "median_us": sec * 1e6, "p20_us": sec * 1e6, "p80_us": sec * 1e6,
-           "reps": 1, "baseline": "torch.fused",
+           "reps": 1, "gbps": None, "tflops": None, "pct_copy_bw": None, "pct_peak": None, "speedup": None,
+           "baseline": "torch.fused",
            "note": "first call: Dynamo trace + Inductor compile (caches off) + one step, wall clock",
            **results.stamp(device)}
     print(f"[lab]   torch.compile first call (trace + compile + one step): {sec:.1f} s", flush=True)

@@ -1,0 +1,293 @@
+"""Kronecker layer: every version against the float64 reference and against the explicit torch.kron product; gradients
+by gradcheck and against v1; every CUDA block configuration and v4 slice width; the backward writes every output;
+bad input gives errors that say what is wrong."""
+import math
+
+import pytest
+import torch
+
+from lab import registry, verify
+from lab.kernels import kron as K
+
+from conftest import HAS_GPU, devices, needs_gpu
+
+FAM = registry.get("kron")
+SMALL = ["2x3", "5x7", "3x4x5", "1x6", "9", "2x3x2x5", "13x17", "8x16x32"]
+
+
+def _inputs(batch, factors, dtype, device, seed=0):
+    return K.make_forward_inputs({"batch": batch, "factors": factors}, dtype, torch.device(device),
+                                 torch.Generator().manual_seed(seed))
+
+
+def _versions(device):
+    return ["v1", "v2", "full", "cpu"] + (["v3", "v4"] if device == "cuda" else [])
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("op", [o.name for o in FAM.ops])
+def test_every_version_matches_reference(op, device):
+    rs = verify.check_op(FAM.op(op), device, seeds=(0, 1))
+    assert rs, "no version ran"
+    bad = [r.details() for r in rs if not r.passed]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("factors", SMALL)
+def test_convention_is_x_times_kron_of_reversed_factors(factors, device):
+    # y = x @ (W_K ⊗ … ⊗ W_1), factors listed as [W_1, …, W_K]: the reference and every version, in float64
+    x, *ws = _inputs(3, factors, torch.float64, "cpu", seed=5)
+    m = K.kron_full_matrix(ws)
+    assert m.shape == (x.shape[1], x.shape[1])
+    expect = x @ m
+    torch.testing.assert_close(K.kron_ref(x, *ws), expect, rtol=1e-12, atol=1e-12)
+    xd, wd = x.to(device), [w.to(device) for w in ws]
+    for v in _versions(device):
+        verify.assert_close(K.kron(xd, wd, v), expect, torch.float64, what=f"{v} {factors}")
+
+
+def test_convention_by_hand():
+    # two factors, worked by hand: x viewed as (f_2, f_1); y = W_2ᵀ · X · W_1
+    g = torch.Generator().manual_seed(1)
+    w1, w2 = torch.randn(3, 3, generator=g, dtype=torch.float64), torch.randn(2, 2, generator=g, dtype=torch.float64)
+    x = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    expect = torch.stack([(w2.T @ xb.view(2, 3) @ w1).flatten() for xb in x])
+    torch.testing.assert_close(K.kron(x, [w1, w2], "cpu"), expect, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x @ torch.kron(w2, w1), expect, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("version", ["cpu", "v3", "v4"])
+@pytest.mark.parametrize("factors", ["2x3", "3x2x2", "4x1x3"])
+def test_gradcheck(version, factors, device):
+    if (version == "cpu") != (device == "cpu"):
+        pytest.skip(f"{version} does not run on {device}")
+    x, *ws = _inputs(2, factors, torch.float64, device, seed=2)
+    args = [t.detach().requires_grad_() for t in (x, *ws)]
+    assert torch.autograd.gradcheck(lambda x, *w: K.kron(x, w, version), args, eps=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,factors", [(4, "32x32"), (3, "8x16x32"), (2, "12x20"), (3, "13x17"), (2, "2x3x2x5")])
+def test_gradients_match_v1(batch, factors, dtype, device):
+    x, *ws = _inputs(batch, factors, dtype, device, seed=3)
+    gy = torch.randn(x.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(dtype).to(device)
+    ref = K._train("v1")(x.double(), gy.double(), *[w.double() for w in ws])
+    for v in ["cpu"] if device == "cpu" else ["v3", "v4"]:
+        got = K._train(v)(x, gy, *ws)
+        for name, a, b in zip(["y", "dx"] + [f"dW{k + 1}" for k in range(len(ws))], got, ref):
+            verify.assert_close(a, b, dtype, what=f"{v} {name}")
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("factors", ["3x4x5", "32x32", "1x6", "7"])
+def test_backward_writes_every_output(factors, device):
+    # outputs poisoned with NaN: an element the backward forgets to write fails
+    x, *ws = _inputs(3, factors, torch.float32, device, seed=6)
+    version = "cpu" if device == "cpu" else "v3"
+    states = [torch.full_like(x, math.nan) for _ in ws[1:]]
+    y = K.forward(x, ws, version=version, states=states)
+    gy = torch.randn_like(y)
+    dx, dws = K.backward(gy, x, ws, states, torch.full_like(x, math.nan), [torch.full_like(w, math.nan) for w in ws],
+                         version=version)
+    ref = K.train_ref(x.double(), gy.double(), *[w.double() for w in ws])
+    for name, a, b in zip(["y", "dx"] + [f"dW{k + 1}" for k in range(len(ws))], [y, dx, *dws], ref):
+        verify.assert_close(a, b, torch.float32, what=name)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_states_are_the_intermediate_products(device):
+    # states[k-1] = x with W_K, …, W_{k+1} applied (F_k of cuda_src/kron.cu), in the layout (i_k … i_1, j_K … j_{k+1})
+    x, *ws = _inputs(2, "3x4x5", torch.float64, device, seed=7)
+    versions = ["cpu"] if device == "cpu" else ["v3", "v4"]
+    f1, f2, f3 = 3, 4, 5
+    xs = x.cpu().view(2, f3, f2, f1)
+    F2 = torch.einsum("bcij,cn->bijn", xs, ws[2].cpu())            # (i2, i1, j3)
+    F1 = torch.einsum("bijn,im->bjnm", F2, ws[1].cpu())           # (i1, j3, j2)
+    for v in versions:
+        states = [torch.full_like(x, math.nan) for _ in range(2)]
+        K.forward(x, ws, version=v, states=states)
+        torch.testing.assert_close(states[1].cpu(), F2.reshape(2, -1), rtol=1e-12, atol=1e-12, msg=v)
+        torch.testing.assert_close(states[0].cpu(), F1.reshape(2, -1), rtol=1e-12, atol=1e-12, msg=v)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,factors", [(3, "128x128"), (5, "13x17"), (2, "8x16x32"), (4, "32x32"), (3, "3x4x5"),
+                                           (1, "64x64x64"), (6, "12x20")])
+def test_v4_every_configuration_and_slice_width(batch, factors, dtype):
+    x, *ws = _inputs(batch, factors, dtype, "cuda", seed=8)
+    ref = K.kron_ref(x.double(), *[w.double() for w in ws])
+    fK = K.parse_factors(factors)[-1]
+    tried = 0
+    for cfg in range(3):
+        for cols in sorted({4, 8, 12, 16, 32, 64, (fK + 3) // 4 * 4}):
+            if cols > (fK + 3) // 4 * 4:
+                continue
+            p = K.plan(batch, factors, dtype, "cuda", cfg, cols)
+            if not p["fits"]:
+                continue
+            tried += 1
+            states = [torch.full_like(x, math.nan) for _ in ws[1:]]
+            out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v4", states=states, cfg=cfg, cols=cols)
+            verify.assert_close(out, ref, dtype, what=f"v4 cfg={cfg} c={cols}")
+            if states:  # the saved states must be complete too (every slice writes its columns)
+                cpu_states = [torch.empty_like(s, device="cpu") for s in states]
+                K.forward(x.cpu(), [w.cpu() for w in ws], version="cpu", states=cpu_states)
+                for s, c in zip(states, cpu_states):
+                    verify.assert_close(s, c.double(), dtype, what=f"v4 state cfg={cfg} c={cols}")
+    assert tried, "no (cfg, c) fits"
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,factors", [(3, "128x128"), (70, "32x32"), (5, "13x17"), (2, "8x16x32"), (3, "5x7")])
+def test_v3_every_configuration(batch, factors, dtype):
+    x, *ws = _inputs(batch, factors, dtype, "cuda", seed=9)
+    ref = K.kron_ref(x.double(), *[w.double() for w in ws])
+    for cfg in range(3):
+        out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v3", cfg=cfg)
+        verify.assert_close(out, ref, dtype, what=f"v3 cfg={cfg}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("batch", [1, 32, 1024])
+def test_large_batches_and_the_backward_against_float64(batch):
+    x, *ws = _inputs(batch, "128x128", torch.float32, "cuda", seed=10)
+    gy = torch.randn_like(x)
+    ref = K.train_ref(x.double(), gy.double(), *[w.double() for w in ws])
+    for v in ["v3", "v4"]:
+        got = K._train(v)(x, gy, *ws)
+        for name, a, b in zip(["y", "dx", "dW1", "dW2"], got, ref):
+            verify.assert_close(a, b, torch.float32, what=f"{v} {name} batch {batch}")
+
+
+@needs_gpu
+def test_backward_is_deterministic():
+    x, *ws = _inputs(64, "32x16x8", torch.float32, "cuda", seed=11)
+    gy = torch.randn_like(x)
+    a = K._train("v4")(x, gy, *ws)
+    b = K._train("v4")(x, gy, *ws)
+    for s, t in zip(a, b):
+        assert torch.equal(s, t)
+
+
+@needs_gpu
+def test_v4_falls_back_to_v3_above_the_shared_memory_limit():
+    # N / f_K = 10000 floats per state row block: two buffers of 4·10000·4 bytes exceed the 227 KB a block may have
+    p = K.plan(1, "100x100x2", torch.float32)
+    assert not p["fits"] and p["smem_limit"] > 0
+    assert K.plan(32, "128x128", torch.float32)["fits"]
+    x, *ws = _inputs(1, "100x100x2", torch.float32, "cuda", seed=12)
+    verify.assert_close(K.kron(x, ws, "v4"), K.kron_ref(x.double(), *[w.double() for w in ws]), torch.float32)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_empty_batch_and_non_contiguous_input(device):
+    versions = ["cpu"] if device == "cpu" else ["v3", "v4"]
+    x, *ws = _inputs(0, "4x6", torch.float32, device)
+    for v in versions + ["v1", "v2"]:
+        assert K.kron(x, ws, v).shape == (0, 24)
+    base, *ws = _inputs(5, "4x6", torch.float32, device, seed=13)
+    xt = torch.cat([base, base], 1)[:, ::2]  # (5, 24), stride 2
+    for v in versions:
+        verify.assert_close(K.kron(xt, ws, v), K.kron_ref(xt.double(), *[w.double() for w in ws]), torch.float32)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_stacked_layers_train(device):
+    torch.manual_seed(0)
+    version = "cpu" if device == "cpu" else "v4"
+    net = torch.nn.Sequential(K.KronLinear([8, 4], version, device=device), torch.nn.Tanh(),
+                              K.KronLinear([8, 4], version, device=device))
+    ref = torch.nn.Sequential(K.KronLinear([8, 4], "v1", device=device), torch.nn.Tanh(),
+                              K.KronLinear([8, 4], "v1", device=device))
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(16, 32, device=device)
+    for m in (net, ref):
+        m(x).square().mean().backward()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+
+
+# ---- bad input -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("version", ["v1", "v2", "full", "cpu", "v3", "v4"])
+def test_bad_input_says_what_is_wrong(version, device):
+    if (version in ("v3", "v4")) and device == "cpu":
+        pytest.skip("CUDA version")
+    if version == "cpu" and device == "cuda":
+        pytest.skip("the C++ CPU version takes CPU tensors")
+    x = torch.randn(3, 12, device=device)
+    w3, w4 = torch.randn(3, 3, device=device), torch.randn(4, 4, device=device)
+    with pytest.raises(ValueError, match=r"the factor sizes 3 x 5 multiply to 15, but x has N = 12 columns"):
+        K.kron(x, [w3, torch.randn(5, 5, device=device)], version)
+    with pytest.raises(ValueError, match=r"factors\[1\] must be square \(f, f\), got \(4, 3\)"):
+        K.kron(x, [w3, torch.randn(4, 3, device=device)], version)
+    with pytest.raises(TypeError, match=r"factors\[0\] must have the same dtype as x \(Float\), got Double"):
+        K.kron(x, [w3.double(), w4], version)
+    with pytest.raises(TypeError, match=r"x must be Float or Double, got Int"):
+        K.kron(x.int(), [w3, w4], version)
+    with pytest.raises(ValueError, match=r"factors must be a non-empty list of square matrices"):
+        K.kron(x, [], version)
+    with pytest.raises(ValueError, match=r"x must be 2-D \(batch, N\), got 1-D"):
+        K.kron(x[0], [w3, w4], version)
+    with pytest.raises(ValueError, match=r"factors\[1\] must be 2-D \(f, f\), got 1-D"):
+        K.kron(x, [w3, w4[0]], version)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_the_cpp_boundary_checks_too(device):
+    # the compiled functions, called directly (no Python validation in front): the same messages
+    x = torch.randn(3, 12, device=device)
+    out = torch.empty_like(x)
+    v = 0 if device == "cpu" else 4
+    w3, w4 = torch.randn(3, 3, device=device), torch.randn(4, 4, device=device)
+    ext = K.ext()
+    with pytest.raises(ValueError, match=r"the factor sizes 3 x 5 multiply to 15, but x has N = 12 columns"):
+        ext.forward(x, [w3, torch.randn(5, 5, device=device)], out, [], v, -1, 0)
+    with pytest.raises(ValueError, match=r"factors\[1\] must be square \(f, f\), got \(4, 3\)"):
+        ext.forward(x, [w3, torch.randn(4, 3, device=device)], out, [], v, -1, 0)
+    with pytest.raises(TypeError, match=r"factors\[0\] must have the same dtype as x \(Float\), got Double"):
+        ext.forward(x, [w3.double(), w4], out, [], v, -1, 0)
+    with pytest.raises(ValueError, match=r"out must have shape \(batch, N\) = \(3, 12\), got \(3, 11\)"):
+        ext.forward(x, [w3, w4], torch.empty(3, 11, device=device), [], v, -1, 0)
+    with pytest.raises(ValueError, match=r"states must be a list of K-1 = 1 tensors"):
+        ext.backward(x, x, [w3, w4], [], torch.empty_like(x), [torch.empty_like(w3), torch.empty_like(w4)], v)
+    with pytest.raises(ValueError, match=r"dws\[1\] must have shape like factors\[k\] = \(4, 4\), got \(3, 3\)"):
+        ext.backward(x, x, [w3, w4], [x], torch.empty_like(x), [torch.empty_like(w3), torch.empty_like(w3)], v)
+
+
+def test_cuda_version_on_cpu_tensors_is_refused():
+    x, *ws = _inputs(2, "2x3", torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"version 4 is a CUDA kernel but x is on the CPU"):
+        K.kron(x, ws, "v4")
+    with pytest.raises(ValueError, match=r"version must be one of"):
+        K.kron(x, ws, "v9")
+
+
+@needs_gpu
+def test_mixed_devices_are_refused():
+    x = torch.randn(2, 6, device="cuda")
+    with pytest.raises(ValueError, match=r"factors\[1\] must be on the same device as x \(cuda:0\), got cpu"):
+        K.kron(x, [torch.randn(2, 2, device="cuda"), torch.randn(3, 3)], "v4")
+
+
+# ---- the command line ------------------------------------------------------------------------------------------------
+def test_command_line_check_agrees(capsys):
+    from lab import kron as cli
+    assert cli.main(["--dtype", "d", "--device", "cpu", "3", "4", "6", "check"]) == 0
+    out = capsys.readouterr().out
+    assert "||v1_y|| = " in out and "||cpu_gW|| = " in out
+    assert "v1_y == cpu_y: True" in out and "False" not in out
+
+
+def test_command_line_parses_factor_lists():
+    from lab import kron as cli
+    with pytest.raises(SystemExit):
+        cli.main(["4", "check"])  # no factor
+    assert K.parse_factors([128, 64]) == (128, 64) and K.parse_factors("8x16x32") == (8, 16, 32)
+    with pytest.raises(ValueError, match="factor sizes must look like"):
+        K.parse_factors("8 by 16")
