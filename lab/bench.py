@@ -143,8 +143,9 @@ def ceilings(device: torch.device | str | None = None, refresh: bool = False, ve
     key = f"{env.device_name(device)} | torch {torch.__version__}"
     path = _ceilings_path()
     data = json.loads(path.read_text()) if path.exists() else {}
-    if key in data and not refresh:
-        return data[key]
+    wanted = {"float64", "float32", "tf32", "bfloat16", "float16"} if device.type == "cuda" else {"float64", "float32"}
+    if key in data and not refresh and wanted <= set(data[key].get("gemm_tflops", {})):
+        return data[key]  # (an entry missing a precision measured since is measured again)
     if verbose:
         print(f"[lab] measuring ceilings of {env.device_name(device)} (once; cached in {path.name}) ...", flush=True)
     c = _measure_ceilings(device)
