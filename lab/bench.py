@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 

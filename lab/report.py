@@ -120,10 +120,9 @@ def run(args) -> int:
     return 1 if failed or broken else 0
 
 
-def write_summary(skipped: list[str] | None = None, device: str | None = None) -> "Path":
+def write_summary(skipped: list[str] | None = None, device: str | None = None):
     """results/SUMMARY.md (GPU) or SUMMARY-cpu.md, from the tables: the newest row of every benchmark, check and
     build event on this kind of device, so runs of a few families at a time add up to one summary."""
-    from pathlib import Path  # noqa: F401
     from . import results
     device = device or env.default_device().type
     rows = [r for r in results.latest(results.read()) if r["device"] == device]

@@ -9,7 +9,7 @@ import torch
 from lab import registry, verify
 from lab.kernels import kron as K
 
-from conftest import HAS_GPU, devices, needs_gpu
+from conftest import devices, needs_gpu
 
 FAM = registry.get("kron")
 SMALL = ["2x3", "5x7", "3x4x5", "1x6", "9", "2x3x2x5", "13x17", "8x16x32"]

@@ -4,7 +4,6 @@ Executed into a scratch copy: the committed notebooks keep their H100 outputs. R
 directory seeded with the committed tables, so plotting cells have data and nothing in results/ changes.
 """
 import shutil
-from pathlib import Path
 
 import pytest
 

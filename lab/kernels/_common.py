@@ -1,6 +1,8 @@
 """Helpers the family modules share: random inputs, version numbers, the module handle."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -22,3 +24,19 @@ def uniform(shape, lo: float, hi: float, dtype: torch.dtype, device, gen: torch.
 
 def elem_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+@contextlib.contextmanager
+def matmul_tf32(enabled: bool):
+    """cuBLAS float32 products with TF32 on or off for the duration: baselines must compute at the precision of the
+    versions they are timed beside (strict fp32 for SIMT kernels, TF32 for the TF32 rung)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def strict_fp32():
+    return matmul_tf32(False)

@@ -5,14 +5,12 @@ Every wrapper takes `version`: 'v1', 'v2' (CUDA) or 'cpu' (the C++ CPU code); `o
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
 from .. import build
 from ..registry import Family, Op, Version, register, version_number
-from ._common import elem_size, randn
+from ._common import elem_size, randn, strict_fp32
 
 FAMILY = "basics"
 RADIUS = 3
@@ -85,17 +83,6 @@ def stencil_1d_ref(x):
 
 def matmul_ref(A, B):
     return torch.mm(A, B)
-
-
-@contextlib.contextmanager
-def strict_fp32():
-    """cuBLAS may use TF32 for float32 when allowed; the baseline must compute at the kernels' precision."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def matmul_torch(A, B):

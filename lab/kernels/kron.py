@@ -21,7 +21,6 @@ version). Versions:
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from typing import Sequence
@@ -31,7 +30,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import build
 from ..registry import Family, Op, Version, register, version_number
-from ._common import elem_size, randn
+from ._common import elem_size, randn, strict_fp32
 
 FAMILY = "kron"
 MAX_FACTORS = 16  # as in cuda_src/kron.cu
@@ -132,17 +131,6 @@ def kron_ref(x: torch.Tensor, *factors: torch.Tensor) -> torch.Tensor:
 def kron_full_matrix(factors: Sequence[torch.Tensor]) -> torch.Tensor:
     """M = W_K ⊗ … ⊗ W_1, (N, N). Only for small N: 4·N² bytes (N = 16384: 1 GiB)."""
     return functools.reduce(torch.kron, list(factors)[::-1])
-
-
-@contextlib.contextmanager
-def strict_fp32():
-    """cuBLAS may use TF32 for float32 when allowed; the PyTorch versions must compute at the kernels' precision."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
 
 
 # ---- v1, v2, full: PyTorch ----------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ Two ops: `linear` (the ladder, square problems up to 4096³) and `fc_out` (the s
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 from .. import build
 from ..registry import Family, Op, Version, register, version_number
 from ._common import elem_size, randn
-from .basics import strict_fp32
+from ._common import matmul_tf32, strict_fp32
 
 FAMILY = "linear"
 FC_OUT = {"K": 1280, "N": 5893}  # the decoder's fc_out: hidden 1280 -> vocabulary 5893
@@ -75,24 +74,13 @@ def linear_ref(x, weight, bias=None):
     return F.linear(x, weight, bias)
 
 
-@contextlib.contextmanager
-def tf32_matmul():
-    """cuBLAS in TF32 for float32 inputs: the baseline of the TF32 versions (same precision side by side)."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
-
-
 def linear_torch(x, weight, bias=None):
     with strict_fp32():
         return F.linear(x, weight, bias)
 
 
 def linear_torch_tf32(x, weight, bias=None):
-    with tf32_matmul():
+    with matmul_tf32(True):
         return F.linear(x, weight, bias)
 
 

@@ -36,8 +36,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from .. import build, env, results
-from ..registry import Family, Op, Version, register, shape_label, version_number
-from ..verify import dtype_name
+from ..registry import Family, Op, Version, register, version_number
 from ._common import elem_size
 
 FAMILY = "optim"
