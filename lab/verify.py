@@ -225,6 +225,17 @@ def check_op(op: Op, device: torch.device | str, dtypes=None, versions=None, sha
     return out
 
 
+def assert_op_passes(op: Op, device, **kwargs) -> list[CheckResult]:
+    """For tests: check every version of `op` on `device` (kwargs as check_op); fail with every failure's details."""
+    rs = check_op(op, device, **kwargs)
+    if not rs:
+        raise AssertionError(f"{op.family}.{op.name}: no version ran on {device}")
+    bad = [r.details() for r in rs if not r.passed]
+    if bad:
+        raise AssertionError("\n".join(bad))
+    return rs
+
+
 CHECK_COLUMNS = ["family", "op", "version", "dtype", "shape", "device", "device_name", "seeds", "rel_err", "max_abs",
                  "tol", "torch_rel_err", "passed", "problem", "torch", "commit", "timestamp", "run_id"]
 

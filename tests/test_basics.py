@@ -14,10 +14,7 @@ FAM = registry.get("basics")
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("op", [o.name for o in FAM.ops])
 def test_every_version_matches_reference(op, device):
-    rs = verify.check_op(FAM.op(op), device)
-    assert rs, "no version ran"
-    bad = [r.details() for r in rs if not r.passed]
-    assert not bad, "\n".join(bad)
+    verify.assert_op_passes(FAM.op(op), device)
 
 
 @needs_gpu
