@@ -64,6 +64,7 @@ def run(args) -> int:
 
     # 3. bench
     rows: list[dict] = []
+    broken_extras: list[str] = []
     if args.no_bench:
         skipped.append("benchmarks: --no-bench")
     else:
@@ -85,8 +86,10 @@ def run(args) -> int:
                 _say(f"  {fam.name} extra: {name}")
                 try:
                     rows += fn(dev, record=True, quick=args.quick)
-                except RuntimeError as e:  # an extra that cannot run here says why, the report goes on
-                    skipped.append(f"{fam.name} extra {name}: {e}")
+                except Exception as e:  # an extra that fails says why in the summary; the report goes on
+                    _say(f"  {fam.name} extra {name} FAILED: {type(e).__name__}: {e}")
+                    skipped.append(f"{fam.name} extra {name}: failed with {type(e).__name__}: {e}")
+                    broken_extras.append(f"{fam.name}.{name}")
 
     # 4. profile (--quick: the newest kernel version and the baseline of each op, not every version)
     _say("[4/5] profiling ...")
@@ -117,7 +120,7 @@ def run(args) -> int:
         _say(f"skipped: {s}")
     for r in failed:
         print(r.details())
-    return 1 if failed or broken else 0
+    return 1 if failed or broken or broken_extras else 0
 
 
 def write_summary(skipped: list[str] | None = None, device: str | None = None):

@@ -409,7 +409,7 @@ def compile_time(device, record: bool = True, quick: bool = False) -> list[dict]
     if device.type != "cuda":
         print("[lab] rope compile_time: torch.compile baselines run on CUDA only; skipped on the CPU")
         return []
-    import torch._dynamo
+    import torch._dynamo as _  # noqa: F401  (an `as` import: a bare `import torch.x` here would make torch local)
     import torch._inductor.config as inductor_config
     s = make_shape(8, 32, 2048, 128, kv_heads=32)
     dt = torch.bfloat16
