@@ -148,9 +148,11 @@ def write_summary(skipped: list[str] | None = None, device: str | None = None):
              f"torch {stamp.get('torch')}, CUDA {stamp.get('cuda')}, newest commit {stamp.get('commit')}.", ""]
     ceil = bench.ceilings_cached(name, stamp.get("torch", "")) or {}
     if ceil:
+        blas = "cuBLAS via torch.mm" if device == "cuda" else "torch.mm on the CPU"
         lines += ["## Ceilings (measured on this device)", "",
-                  f"- device-to-device copy: {ceil['copy_gbps']:.0f} GB/s (bytes read + written)"]
-        lines += [f"- {k} matrix product ({ceil.get('gemm_size')}³, cuBLAS via torch.mm): {v:.1f} TFLOP/s"
+                  f"- {'device-to-device' if device == 'cuda' else 'memory-to-memory'} copy: "
+                  f"{ceil['copy_gbps']:.0f} GB/s (bytes read + written)"]
+        lines += [f"- {k} matrix product ({ceil.get('gemm_size')}³, {blas}): {v:.3g} TFLOP/s"
                   for k, v in ceil["gemm_tflops"].items()]
         if ceil.get("fma_tflops"):
             lines.append(f"- FP32 FMA (register-only kernel): {ceil['fma_tflops']:.1f} TFLOP/s")
