@@ -22,18 +22,6 @@ namespace {
 constexpr int kRadius = 3;
 constexpr int64_t kGrain = 1 << 15;  // elements per parallel_for task: big enough to amortise the task hand-off
 
-// The version must match the device: 0 runs on CPU tensors, 1..max_version on CUDA tensors.
-void check_version(const at::Tensor& x, const char* name, int64_t version, int64_t max_version, const char* op) {
-  if (x.is_cuda()) {
-    LAB_CHECK_VALUE(version >= 1 && version <= max_version, op, ": CUDA versions are 1..", max_version, ", got ",
-                      version);
-  } else {
-    LAB_CHECK_VALUE(x.device().is_cpu(), op, ": ", name, " must be on cpu or cuda, got ", x.device().str());
-    LAB_CHECK_VALUE(version == 0, op, ": version ", version, " is a CUDA kernel but ", name,
-                      " is on the CPU (use version 0, the C++ CPU code)");
-  }
-}
-
 void check_float(const at::Tensor& t, const char* name) {
   lab::check_dtype(t, name, {at::kFloat, at::kDouble});
   lab::check_contiguous(t, name);
@@ -100,7 +88,7 @@ void matmul_cpu(const T* A, const T* B, T* C, int64_t M, int64_t N, int64_t K) {
 at::Tensor square(const at::Tensor& x, at::Tensor out, int64_t version) {
   check_float(x, "x");
   lab::check_out(out, "out", x, x.sizes(), "like x");
-  check_version(x, "x", version, 2, "square");
+  lab::check_version(x, "x", version, 1, 2, "square");
   const int64_t n = x.numel();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "square", [&] {
     if (x.is_cuda()) {
@@ -126,7 +114,7 @@ at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b, at::Tensor out, 
   LAB_CHECK_VALUE(a.sizes() == b.sizes(), "b must have the same shape as a = ", lab::shape_str(a.sizes()),
                     ", got ", lab::shape_str(b.sizes()), " (vector_add does not broadcast)");
   lab::check_out(out, "out", a, a.sizes(), "like a");
-  check_version(a, "a", version, 2, "vector_add");
+  lab::check_version(a, "a", version, 1, 2, "vector_add");
   const int64_t n = a.numel();
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "vector_add", [&] {
     if (a.is_cuda()) {
@@ -149,7 +137,7 @@ at::Tensor stencil_1d(const at::Tensor& x, at::Tensor out, int64_t version) {
   check_float(x, "x");
   lab::check_dim(x, "x", 1, "(n,)");
   lab::check_out(out, "out", x, x.sizes(), "(n,)");
-  check_version(x, "x", version, 2, "stencil_1d");
+  lab::check_version(x, "x", version, 1, 2, "stencil_1d");
   const int64_t n = x.numel();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "stencil_1d", [&] {
     if (x.is_cuda()) {
@@ -179,7 +167,7 @@ at::Tensor matmul(const at::Tensor& A, const at::Tensor& B, at::Tensor out, int6
                     lab::shape_str(B.sizes()));
   const int64_t M = A.size(0), K = A.size(1), N = B.size(1);
   lab::check_out(out, "out", A, {M, N}, "(M, N)");
-  check_version(A, "A", version, 2, "matmul");
+  lab::check_version(A, "A", version, 1, 2, "matmul");
   AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "matmul", [&] {
     if (A.is_cuda()) {
 #ifdef LAB_WITH_CUDA

@@ -59,17 +59,6 @@ std::string param_name(size_t i) {
   return lab::cat("params[", i, "] (", kind[i % 4], " of layer ", i / 4, ")");
 }
 
-void check_version(const at::Tensor& x, int64_t version) {
-  if (x.is_cuda()) {
-    LAB_CHECK_VALUE(version >= 1 && version <= kMaxVersion, "gru: CUDA versions are 1..", kMaxVersion, ", got ",
-                      version);
-  } else {
-    LAB_CHECK_VALUE(x.device().is_cpu(), "gru: x must be on cpu or cuda, got ", x.device().str());
-    LAB_CHECK_VALUE(version == 0, "gru: version ", version, " is a CUDA kernel but x is on the CPU (use version 0, "
-                      "the C++ CPU code)");
-  }
-}
-
 void check_like(const at::Tensor& t, const std::string& name, const at::Tensor& x) {
   lab::check_same_dtype(t, name.c_str(), x, "x");
   lab::check_same_device(t, name.c_str(), x, "x");
@@ -251,7 +240,7 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
                                                int64_t version) {
   const std::pair<int64_t, int64_t> dims = check_forward(x, h0, params, out, h_n);
   const int64_t L = dims.first, H = dims.second;
-  check_version(x, version);
+  lab::check_version(x, "x", version, 1, kMaxVersion, "gru");
   const bool has_h0 = h0 && h0->defined();
   const int64_t Tn = x.size(0), B = x.size(1);
   if (version >= 3)

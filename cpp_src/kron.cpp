@@ -114,16 +114,6 @@ void check_states(const std::vector<at::Tensor>& states, const at::Tensor& x, co
   }
 }
 
-void check_version(const at::Tensor& x, int64_t version) {
-  if (x.is_cuda()) {
-    LAB_CHECK_VALUE(version == 3 || version == 4, "kron: CUDA versions are 3 and 4, got ", version);
-  } else {
-    LAB_CHECK_VALUE(x.device().is_cpu(), "kron: x must be on cpu or cuda, got ", x.device().str());
-    LAB_CHECK_VALUE(version == 0, "kron: version ", version, " is a CUDA kernel but x is on the CPU (use version 0, "
-                      "the C++ CPU code)");
-  }
-}
-
 // ---- CPU version ------------------------------------------------------------------------------------------------
 // F-step: y[b][p][j] = Σ_i x[b][i][p]·W[i][j]. Per task: kRows rows of one sample; the i-loop streams x's row i and
 // W's row i while the task's block of y stays in cache; the inner j-loop is a contiguous axpy (vectorised).
@@ -242,7 +232,7 @@ at::Tensor forward(const at::Tensor& x, py::sequence factors_, at::Tensor out, p
   const Sizes s = check_layer(x, factors);
   check_like(out, "out", x, {s.B, s.N}, "(batch, N)");
   check_states(states, x, s, false);
-  check_version(x, version);
+  lab::check_version(x, "x", version, 3, 4, "kron");
   LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
   LAB_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
   const int K = int(s.f.size());
@@ -297,7 +287,7 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
     std::snprintf(name, sizeof(name), "dws[%d]", k);
     check_like(dws[k], name, x, {s.f[k], s.f[k]}, "like factors[k]");
   }
-  check_version(x, version);
+  lab::check_version(x, "x", version, 3, 4, "kron");
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_backward", [&] {
     if (x.is_cuda()) {
 #ifdef LAB_WITH_CUDA

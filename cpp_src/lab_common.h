@@ -126,6 +126,19 @@ inline void check_out(const at::Tensor& out, const char* name, const at::Tensor&
   check_contiguous(out, name);
 }
 
+// Which implementation runs: version 0 is the C++ CPU code and takes CPU tensors; lo..hi are CUDA kernels and take
+// CUDA tensors. A mismatch is the caller's mistake, named as such.
+inline void check_version(const at::Tensor& x, const char* name, int64_t version, int64_t lo, int64_t hi,
+                          const char* op) {
+  if (x.is_cuda()) {
+    LAB_CHECK_VALUE(version >= lo && version <= hi, op, ": CUDA versions are ", lo, "..", hi, ", got ", version);
+  } else {
+    LAB_CHECK_VALUE(x.device().is_cpu(), op, ": ", name, " must be on cpu or cuda, got ", x.device().str());
+    LAB_CHECK_VALUE(version == 0, op, ": version ", version, " is a CUDA kernel but ", name,
+                    " is on the CPU (use version 0, the C++ CPU code)");
+  }
+}
+
 // Sizes that reach a kernel as 32-bit ints.
 inline int check_int32(int64_t v, const char* what) {
   LAB_CHECK_VALUE(v >= 0 && v <= INT32_MAX, what, " = ", v, " does not fit the kernel's 32-bit index");

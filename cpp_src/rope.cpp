@@ -34,17 +34,6 @@ int dtype_code(at::ScalarType t) {
   }
 }
 
-void check_version(const at::Tensor& x, const char* name, int64_t version, const char* op) {
-  if (x.is_cuda()) {
-    LAB_CHECK_VALUE(version >= 1 && version <= kMaxVersion, op, ": CUDA versions are 1..", kMaxVersion, ", got ",
-                      version);
-  } else {
-    LAB_CHECK_VALUE(x.device().is_cpu(), op, ": ", name, " must be on cpu or cuda, got ", x.device().str());
-    LAB_CHECK_VALUE(version == 0, op, ": version ", version, " is a CUDA kernel but ", name,
-                      " is on the CPU (use version 0, the C++ CPU code)");
-  }
-}
-
 // A (batch, heads, seq, head_dim) or (batch, seq, heads, head_dim) tensor of rows to rotate.
 void check_rows(const at::Tensor& x, const char* name, int64_t layout) {
   lab::check_dtype(x, name, {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble});
@@ -134,7 +123,7 @@ void run(const at::Tensor& q, const char* q_name, const at::Tensor& k, const at:
   check_tables(cos, sin, q, q_name, seq, offset);
   lab::check_out(q_out, k.defined() ? "q_out" : "out", q, q.sizes(), layout_str(layout));
   if (k.defined()) lab::check_out(k_out, "k_out", k, k.sizes(), layout_str(layout));
-  check_version(q, q_name, version, op);
+  lab::check_version(q, q_name, version, 1, kMaxVersion, op);
   LAB_CHECK_VALUE(rows_per_thread == 0 || rows_per_thread == 1 || rows_per_thread == 2 || rows_per_thread == 4 ||
                     rows_per_thread == 8, op, ": rows_per_thread must be 1, 2, 4, 8 or 0 (choose), got ",
                     rows_per_thread);

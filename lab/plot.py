@@ -41,11 +41,12 @@ def _footer(fig, rows: list[dict], formula: str) -> None:
     fig.text(0.01, 0.01, text, fontsize=7, color="0.35", va="bottom")
 
 
-def _save(fig, name: str) -> Path:
+def save_figure(fig, name: str, dpi: int = 130) -> Path:
+    """results/plots/<name>.png; closes the figure."""
     out = env.RESULTS / "plots"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.png"
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
@@ -73,7 +74,7 @@ def time_vs_size(op: Op, dtype: str, device_name: str | None = None, rows: list[
     ax.legend(fontsize=8)
     fig.subplots_adjust(bottom=0.2)
     _footer(fig, rows, op.formula)
-    return _save(fig, f"{op.family}_{op.name}_{dtype}_time") if save else fig
+    return save_figure(fig, f"{op.family}_{op.name}_{dtype}_time") if save else fig
 
 
 def speedup_bars(op: Op, dtype: str, device_name: str | None = None, rows: list[dict] | None = None,
@@ -102,7 +103,7 @@ def speedup_bars(op: Op, dtype: str, device_name: str | None = None, rows: list[
     ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.subplots_adjust(bottom=0.32)
     _footer(fig, sel, op.formula)
-    return _save(fig, f"{op.family}_{op.name}_{dtype}_speedup") if save else fig
+    return save_figure(fig, f"{op.family}_{op.name}_{dtype}_speedup") if save else fig
 
 
 def roofline(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
@@ -136,7 +137,7 @@ def roofline(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
     ax.legend(fontsize=7, ncol=2)
     fig.subplots_adjust(bottom=0.2)
     _footer(fig, rows, op.formula)
-    return _save(fig, f"{op.family}_{op.name}_{dtype}_roofline")
+    return save_figure(fig, f"{op.family}_{op.name}_{dtype}_roofline")
 
 
 def plot_family(family, device_name: str | None = None) -> list[Path]:

@@ -30,7 +30,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import env
 from ..kernels import gru as kgru
 
 
@@ -382,9 +381,5 @@ def plot_breakdown(breakdown: dict[str, dict], title: str = "", top: int = 8, na
             ax.set_xlabel("self time per call (us)", fontsize=8)
     fig.suptitle(title or "seq2seq: time per operator, before and after", fontsize=11)
     fig.tight_layout()
-    out = env.RESULTS / "plots"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    from ..plot import save_figure
+    return save_figure(fig, name, dpi=120)
