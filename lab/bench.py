@@ -58,6 +58,7 @@ class Timing:
 
 
 _flush_buf: dict[int, torch.Tensor] = {}
+_SLEEP_CYCLES = 20_000  # ~10 us at the H100's 1.98 GHz boost clock
 
 
 def flush_l2(device: torch.device | None = None) -> None:
@@ -105,6 +106,9 @@ def time_cuda(fn: Callable[[], object], *, graph: bool = False, flush: bool = Tr
     for i in range(n):
         if flush:
             flush_l2()
+            # keep the GPU busy ~10 us more, so the host has enqueued start, fn and end before the GPU reaches them:
+            # a small kernel's time is then the GPU's, not the Python wrapper's launch latency
+            torch.cuda._sleep(_SLEEP_CYCLES)
         starts[i].record()
         run()
         ends[i].record()
