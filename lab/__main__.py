@@ -45,7 +45,8 @@ def _dtypes(args):
 
 
 def _shapes(args, op):
-    """--size n=1000,M=64 ... (repeatable) overrides the op's shapes; unknown keys are an error."""
+    """--size n=1000,M=64 ... (repeatable) overrides the op's shapes (integers, or strings such as kron's
+    factors=8x16x32); unknown keys are an error."""
     if not args.size:
         return None
     keys = set(op.check_shapes[0]) if op.check_shapes else set()
@@ -56,7 +57,7 @@ def _shapes(args, op):
             k, _, v = kv.partition("=")
             if k not in keys:
                 sys.exit(f"--size: {op.family}.{op.name} has shape keys {sorted(keys)}, got {k!r}")
-            d[k] = int(v)
+            d[k] = int(v) if v.lstrip("-").isdigit() else v   # kron's factors=8x16x32 stays a string
         out.append({**op.bench_shapes[0], **d} if op.bench_shapes else d)
     return out
 
