@@ -6,6 +6,8 @@ Each figure says which GPU, which run and which formula its rates come from.
 """
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import matplotlib
@@ -41,6 +43,20 @@ def _footer(fig, rows: list[dict], formula: str) -> None:
     fig.text(0.01, 0.01, text, fontsize=7, color="0.35", va="bottom")
 
 
+_MARKERS = "os^vDP*Xhp<>"
+
+
+def _keys(rows: list[dict]) -> list[str]:
+    """The rows' style keys in natural order (v2 before v10)."""
+    return sorted({_style_key(r) for r in rows},
+                  key=lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)])
+
+
+def _style(i: int) -> dict:
+    """Color and marker of the i-th series: 20 colors x 12 markers, so a 15-version ladder has no two alike."""
+    return {"color": plt.get_cmap("tab20")(i % 20), "marker": _MARKERS[i % len(_MARKERS)]}
+
+
 def save_figure(fig, name: str, dpi: int = 130) -> Path:
     """results/plots/<name>.png; closes the figure."""
     out = env.RESULTS / "plots"
@@ -59,12 +75,13 @@ def time_vs_size(op: Op, dtype: str, device_name: str | None = None, rows: list[
     if len({r["size"] for r in rows}) < 2:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.6))
-    for key in sorted({_style_key(r) for r in rows}):
+    for i, key in enumerate(_keys(rows)):
         pts = sorted((r["size"], r["median_us"], r["p20_us"], r["p80_us"]) for r in rows if _style_key(r) == key)
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
         ls = "--" if any(r["version"] == op.baseline for r in rows if _style_key(r) == key) or "torch" in key else "-"
-        ax.plot(xs, ys, ls, marker="o", ms=3, label=key)
-        ax.fill_between(xs, [p[2] for p in pts], [p[3] for p in pts], alpha=0.15)
+        st = _style(i)
+        ax.plot(xs, ys, ls, ms=3, label=key, **st)
+        ax.fill_between(xs, [p[2] for p in pts], [p[3] for p in pts], alpha=0.15, color=st["color"])
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(op.size_key)
@@ -116,18 +133,22 @@ def roofline(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.6))
     bw = ceil["copy_gbps"] * 1e9
-    peaks = {k: v for k, v in ceil.get("gemm_tflops", {}).items()}
-    if ceil.get("fma_tflops"):
+    # the ceilings of the precisions these rows ran at (float32 rows: also TF32 and the FP32 FMA probe)
+    precisions = {r["precision"] or r["dtype"] for r in rows} | ({"tf32"} if dtype == "float32" else set())
+    peaks = {k: v for k, v in ceil.get("gemm_tflops", {}).items() if k in precisions}
+    if ceil.get("fma_tflops") and dtype == "float32":
         peaks["fp32 FMA"] = ceil["fma_tflops"]
+    if not peaks:
+        return None
     ai = [r["tflops"] * 1e12 / (r["gbps"] * 1e9) for r in rows]
     lo, hi = min(ai) / 4, max(max(ai) * 4, max(peaks.values()) * 1e12 / bw * 4)
     import numpy as np
     xs = np.logspace(np.log10(lo), np.log10(hi), 200)
     for name, p in sorted(peaks.items(), key=lambda kv: kv[1]):
         ax.plot(xs, np.minimum(p, xs * bw / 1e12), lw=0.8, alpha=0.6, label=f"{name} {p:.0f} TFLOP/s")
-    for key in sorted({_style_key(r) for r in rows}):
+    for i, key in enumerate(_keys(rows)):
         sel = [(a, r["tflops"]) for a, r in zip(ai, rows) if _style_key(r) == key]
-        ax.scatter([s[0] for s in sel], [s[1] for s in sel], s=18, label=key, zorder=3)
+        ax.scatter([s[0] for s in sel], [s[1] for s in sel], s=18, label=key, zorder=3, **_style(i))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")

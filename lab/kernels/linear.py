@@ -144,14 +144,15 @@ OPS = [
        [_shape(n, n, n) for n in (64, 128, 256, 512)], (torch.float32, torch.bfloat16),
        nbytes=_nbytes, flops=_flops,
        formula="TFLOP/s = 2·M·N·K / time; bytes = (MK + NK + MN + N)·sizeof(dtype); y = x·Wᵀ + b, M = N = K",
-       size_key="M", doc="the SGEMM ladder on square problems, bias fused"),
+       size_key="M", compute_ceiling="gemm", doc="the SGEMM ladder on square problems, bias fused"),
     Op(FAMILY, "fc_out", _inputs, linear_ref,
        [_version("cpu")] + [_version(v) for v in ("v14", "v8", "v9", "v10", "v12")] + _baselines(),
        FC_CHECK, [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 2, 4, 8, 16, 32, 64, 128)],
        [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 8, 32)], (torch.float32,),
        nbytes=_nbytes, flops=_flops,
        formula="GB/s = (MK + NK + MN + N)·4 B / time (at M = 1 the weight is 99.9% of it); TFLOP/s = 2·M·N·K / time",
-       size_key="M", doc="the decoder's output layer 1280 -> 5893 at batch M: GEMV (memory-bound) to GEMM"),
+       size_key="M", compute_ceiling="gemm",
+       doc="the decoder's output layer 1280 -> 5893 at batch M: GEMV (memory-bound) to GEMM"),
 ]
 
 register(Family(FAMILY, "Linear: SGEMM ladder v1..v9, tensor cores (TF32/bf16, mma.sync and wgmma), GEMV", OPS,
