@@ -7,12 +7,15 @@ Each figure says which GPU, which run and which formula its rates come from.
 from __future__ import annotations
 
 import re
-
+import sys
 from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")
+if "ipykernel" not in sys.modules:
+    # scripts and the CLI draw to files (no display needed); inside a notebook keep the inline backend, or
+    # plt.show() after `from lab import plot` would show nothing (seen in notebook 01's first H100 run)
+    matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from . import env, results  # noqa: E402
