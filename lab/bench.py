@@ -204,9 +204,9 @@ def _measure_ceilings(device: torch.device) -> dict:
 
 def peak_for(ceil: dict, dtype: torch.dtype, precision: str | None, kind: str | None = "gemm") -> float | None:
     """The compute ceiling a version is held against: cuBLAS at its precision (TF32 versions against the TF32
-    rate) for kind 'gemm', the FP32 FMA probe for 'fma', none for memory-bound ops (kind None)."""
-    if kind == "fma":
-        return ceil.get("fma_tflops")
+    rate) for kind 'gemm', the FP32 FMA probe for 'fma' (SIMT kernels; none for float64), none for memory-bound ops."""
+    if kind == "fma":  # an FP32 probe: no ceiling for float64 arithmetic (the H100's FP64 FMA rate is not measured)
+        return ceil.get("fma_tflops") if dtype != torch.float64 else None
     if kind == "gemm":
         return ceil.get("gemm_tflops", {}).get(precision or dtype_name(dtype))
     return None

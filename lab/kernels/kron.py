@@ -436,19 +436,19 @@ def _versions(train: bool, full: bool = True) -> list[Version]:
 
 OPS = [
     Op(FAMILY, "forward", make_forward_inputs, kron_ref, _versions(False), CHECK, BENCH, BENCH_CPU, DT,
-       nbytes=_bytes, flops=_flops, formula=FORMULA, size_key="batch", baseline="v2", compute_ceiling="gemm",
+       nbytes=_bytes, flops=_flops, formula=FORMULA, size_key="batch", baseline="v2", compute_ceiling="fma",
        doc="y = x · (W_K ⊗ … ⊗ W_1); batch sweep at factors 128×128"),
     Op(FAMILY, "forward_backward", make_train_inputs, train_ref, _versions(True), CHECK, BENCH, BENCH_CPU, DT,
        nbytes=lambda s, dt: (4.0 * s["batch"] * math.prod(_sizes(s)) + 2 * sum(f * f for f in _sizes(s)))
        * elem_size(dt),
        flops=lambda s, dt: 3 * _flops(s, dt), formula=FORMULA_TRAIN, size_key="batch", baseline="v2",
-       compute_ceiling="gemm",
+       compute_ceiling="fma",
        doc="forward + backward (y, dx, every dW) through autograd"),
     Op(FAMILY, "factorizations", make_forward_inputs, kron_ref, _versions(False, full=False),
        [{"batch": 2, "factors": "4x6x8"}, {"batch": 3, "factors": "16x16x16x16"}],
        [{"batch": 256, "factors": f} for f in FACTORIZATIONS],
        [{"batch": 16, "factors": f} for f in ("32x32", "8x16x32", "64x64", "16x16x16")], DT,
-       nbytes=_bytes, flops=_flops, formula=FORMULA, size_key=None, baseline="v2", compute_ceiling="gemm",
+       nbytes=_bytes, flops=_flops, formula=FORMULA, size_key=None, baseline="v2", compute_ceiling="fma",
        doc="forward across factorisations at batch 256"),
 ]
 
