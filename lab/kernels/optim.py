@@ -474,7 +474,7 @@ def bench_param_list(op: str, shapes: list[tuple[int, ...]], device, record: boo
     rows: list[dict] = []
     base_us = None
     label = f"{op}: {len(sizes)} tensors, {sum(sizes):,} params, {nbytes / 1e9:.3f} GB/step"
-    print(f"[lab] optim {label}; floor at {copy:.0f} GB/s copy: {nbytes / copy / 1e3:.3f} ms", flush=True)
+    print(f"[lab] optim {label}; floor at {copy:.0f} GB/s copy: {nbytes / copy / 1e6:.3f} ms", flush=True)
 
     def record_row(version, t, note=""):
         r = _row(op, version, sizes, t, nbytes, copy, base_us, device, note)
