@@ -104,7 +104,7 @@ def cmd_check(args) -> int:
             print(f"[lab] check {fam.name} on {dev.type}", flush=True)
             for op in _ops(fam, args):
                 rs = verify.check_op(op, dev, _dtypes(args), args.version, _shapes(args, op),
-                                     seeds=range(args.seeds), progress=args.verbose)
+                                     seeds=range(args.seeds), progress=args.verbose, lean=args.lean)
                 total += len(rs)
                 failed += sum(not r.passed for r in rs)
                 if not args.verbose:
@@ -195,6 +195,8 @@ def main(argv=None) -> int:
     sp = sub.add_parser("check", help="verify against the references")
     common(sp, "all")
     sp.add_argument("--seeds", type=int, default=3)
+    sp.add_argument("--lean", action="store_true", help="float64 references on the CPU, no baseline run: only the "
+                    "versions' own kernels launch on the GPU (for compute-sanitizer)")
     sp.add_argument("-v", "--verbose", action="store_true")
     sp = sub.add_parser("bench", help="time versions and baselines")
     common(sp)

@@ -105,6 +105,17 @@ def fresh_copy(x):
     return x
 
 
+def to_device(x, device):
+    """The tensors of a nested structure moved to `device`; other values pass through."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_device(t, device) for t in x)
+    if isinstance(x, dict):
+        return {k: to_device(v, device) for k, v in x.items()}
+    return x
+
+
 def upcast(x):
     """float64 copies of the floating-point tensors in a nested structure; other values pass through."""
     if isinstance(x, torch.Tensor):
@@ -157,18 +168,21 @@ def run_version(v: Version, inputs: tuple, poison: bool = True):
 
 
 def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: torch.device | str,
-                  seeds: Iterable[int] = (0, 1, 2)) -> CheckResult:
+                  seeds: Iterable[int] = (0, 1, 2), lean: bool = False) -> CheckResult:
+    """lean: the float64 reference runs on the CPU and the baseline is not run for scale, so the only kernels launched
+    on the GPU are the version's own (for compute-sanitizer, which instruments every launch: the optimizer family's
+    references and baselines are thousands of launches a check)."""
     device = torch.device(device)
     res = CheckResult(op.name, v.name, shape_label(shape), dtype_name(dtype), device.type,
                       tol=tolerance(dtype, v.precision))
     base = None
-    if op.baseline and op.baseline != v.name:
+    if op.baseline and op.baseline != v.name and not lean:
         cands = [b for b in op.versions_for(device, dtype) if b.name == op.baseline]
         base = cands[0] if cands else None
     for seed in seeds:
         gen = torch.Generator().manual_seed(seed)
         inputs = op.make_inputs(shape, dtype, device, gen)
-        ref = op.reference(*upcast(inputs))
+        ref = op.reference(*upcast(to_device(inputs, "cpu") if lean else inputs))
         try:
             got, problem = run_version(v, fresh_copy(inputs) if v.inplace else inputs)
         except Exception as e:  # a kernel that raises on valid input is a failed check, reported, not a crash
@@ -184,6 +198,8 @@ def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: t
             res.passed, res.problem = False, f"{len(outs)} outputs, reference has {len(refs)}"
             return res
         for o, r in zip(outs, refs):
+            if lean:
+                o = o.cpu()   # compared where the reference is: no comparison kernels on the GPU either
             if not o.is_floating_point():
                 c = Comparison(0.0 if torch.equal(o.cpu(), r.cpu()) else math.inf,
                                float((o.cpu().long() - r.cpu().long()).abs().max()) if o.numel() else 0.0,
@@ -208,8 +224,8 @@ def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: t
 
 
 def check_op(op: Op, device: torch.device | str, dtypes=None, versions=None, shapes=None,
-             seeds: Iterable[int] = (0, 1, 2), progress: bool = False) -> list[CheckResult]:
-    """Every (version, dtype, shape) of an op that runs on `device`."""
+             seeds: Iterable[int] = (0, 1, 2), progress: bool = False, lean: bool = False) -> list[CheckResult]:
+    """Every (version, dtype, shape) of an op that runs on `device` (lean: see check_version)."""
     out = []
     for dtype in dtypes or op.dtypes:
         if dtype not in op.dtypes:
@@ -218,7 +234,7 @@ def check_op(op: Op, device: torch.device | str, dtypes=None, versions=None, sha
             if not v.check:
                 continue
             for shape in shapes or op.check_shapes:
-                r = check_version(op, v, shape, dtype, device, seeds)
+                r = check_version(op, v, shape, dtype, device, seeds, lean=lean)
                 out.append(r)
                 if progress or not r.passed:
                     print(("  " if r.passed else "") + (r.line() if r.passed else r.details()), flush=True)

@@ -82,3 +82,28 @@ def test_several_seeds_draw_different_inputs():
     verify.check_version(op, op.versions[0], {"n": 10}, torch.float32, "cpu", seeds=(0, 1, 2))
     assert len(seen) == 3 and not torch.equal(seen[0], seen[1])
     assert all(bool((x != 0).all()) for x in seen)
+
+
+
+def test_lean_check_runs_no_baseline_and_still_fails_a_wrong_version():
+    # lean (for compute-sanitizer): reference on the CPU, the baseline not run; a wrong kernel still fails
+    calls = []
+
+    def baseline(x):
+        calls.append(1)
+        return x * 2
+
+    def wrong(x, out=None):
+        out = torch.empty_like(x) if out is None else out
+        out.copy_(x * 2 + 1e-3)
+        return out
+    op = Op("t", "double", lambda s, dt, dev, g: (torch.randn(s["n"], generator=g, dtype=dt).to(dev),),
+            lambda x: x * 2, [Version("v1", _op(False).versions[0].fn, "any"), Version("bad", wrong, "any"),
+                              Version("torch", baseline, "any", baseline=True, takes_out=False)],
+            [{"n": 100}], [{"n": 100}])
+    full = verify.check_version(op, op.versions[0], {"n": 100}, torch.float32, "cpu", seeds=(0,))
+    assert full.passed and full.torch_rel_err == 0.0 and calls == [1]
+    lean = verify.check_version(op, op.versions[0], {"n": 100}, torch.float32, "cpu", seeds=(0,), lean=True)
+    assert lean.passed and lean.torch_rel_err is None and calls == [1]
+    bad = verify.check_version(op, op.versions[1], {"n": 100}, torch.float32, "cpu", seeds=(0,), lean=True)
+    assert not bad.passed and "over tolerance" in bad.problem
