@@ -94,37 +94,26 @@ def poison_like(x):
     return type(x)(poison_like(t) for t in x)
 
 
+def map_tensors(fn, x):
+    """fn applied to every tensor of a nested structure (tuples, lists, dicts); other values pass through."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (tuple, list)):
+        return type(x)(map_tensors(fn, t) for t in x)
+    if isinstance(x, dict):
+        return {k: map_tensors(fn, v) for k, v in x.items()}
+    return x
+
+
 def fresh_copy(x):
     """Clones of the tensors in a nested structure (for versions that update their inputs in place)."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().clone()
-    if isinstance(x, (tuple, list)):
-        return type(x)(fresh_copy(t) for t in x)
-    if isinstance(x, dict):
-        return {k: fresh_copy(v) for k, v in x.items()}
-    return x
+    return map_tensors(lambda t: t.detach().clone(), x)
 
 
-def to_device(x, device):
-    """The tensors of a nested structure moved to `device`; other values pass through."""
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, (tuple, list)):
-        return type(x)(to_device(t, device) for t in x)
-    if isinstance(x, dict):
-        return {k: to_device(v, device) for k, v in x.items()}
-    return x
-
-
-def upcast(x):
-    """float64 copies of the floating-point tensors in a nested structure; other values pass through."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(torch.float64) if x.is_floating_point() else x
-    if isinstance(x, (tuple, list)):
-        return type(x)(upcast(t) for t in x)
-    if isinstance(x, dict):
-        return {k: upcast(v) for k, v in x.items()}
-    return x
+def upcast(x, device=None):
+    """float64 copies of the floating-point tensors in a nested structure (moved to `device` if given)."""
+    return map_tensors(lambda t: t.detach().to(device=device, dtype=torch.float64 if t.is_floating_point()
+                                               else t.dtype), x)
 
 
 @dataclass
@@ -182,7 +171,7 @@ def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: t
     for seed in seeds:
         gen = torch.Generator().manual_seed(seed)
         inputs = op.make_inputs(shape, dtype, device, gen)
-        ref = op.reference(*upcast(to_device(inputs, "cpu") if lean else inputs))
+        ref = op.reference(*upcast(inputs, "cpu" if lean else None))
         try:
             got, problem = run_version(v, fresh_copy(inputs) if v.inplace else inputs)
         except Exception as e:  # a kernel that raises on valid input is a failed check, reported, not a crash
