@@ -131,6 +131,8 @@ inline void check_out(const at::Tensor& out, const char* name, const at::Tensor&
 inline void check_version(const at::Tensor& x, const char* name, int64_t version, int64_t lo, int64_t hi,
                           const char* op) {
   if (x.is_cuda()) {
+    LAB_CHECK_VALUE(version != 0, op, ": version 0 is the C++ CPU code but ", name, " is on ", x.device().str(),
+                    " (move it to the CPU, or use a CUDA version ", lo, "..", hi, ")");
     LAB_CHECK_VALUE(version >= lo && version <= hi, op, ": CUDA versions are ", lo, "..", hi, ", got ", version);
   } else {
     LAB_CHECK_VALUE(x.device().is_cpu(), op, ": ", name, " must be on cpu or cuda, got ", x.device().str());

@@ -164,6 +164,47 @@ template <> struct Io<__half> {
   __device__ static void store1(__half* d, float x) { __stcs(d, __float2half_rn(x)); }
 };
 
+// One element, and one quad i..i+3 (all loads before any math), of one tensor: the step both v3 (a block walks a
+// range) and v4 (a thread walks a flat quad index) take.
+template <class P, bool AMS>
+__device__ __forceinline__ void update1(P* __restrict__ p, const P* __restrict__ g, float* __restrict__ m,
+                                        float* __restrict__ v, float* __restrict__ vm, int64_t i, const Hyper& h,
+                                        const Coef& c) {
+  float xp = Io<P>::load1(p + i), xm = m[i], xv = v[i], xx = AMS ? vm[i] : 0.f;
+  adam_update<AMS>(xp, Io<P>::load1(g + i), xm, xv, xx, h, c);
+  Io<P>::store1(p + i, xp);
+  m[i] = xm;
+  v[i] = xv;
+  if (AMS) vm[i] = xx;
+}
+template <class P, bool AMS>
+__device__ __forceinline__ void update4(P* __restrict__ p, const P* __restrict__ g, float* __restrict__ m,
+                                        float* __restrict__ v, float* __restrict__ vm, int64_t i, const Hyper& h,
+                                        const Coef& c) {
+  float xp[4], xg[4], xm[4], xv[4], xx[4];
+  Io<P>::load4(p + i, xp);
+  Io<P>::load4(g + i, xg);
+  Io<float>::load4(m + i, xm);
+  Io<float>::load4(v + i, xv);
+  if (AMS) Io<float>::load4(vm + i, xx);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) adam_update<AMS>(xp[k], xg[k], xm[k], xv[k], xx[k], h, c);
+  Io<P>::store4(p + i, xp);
+  Io<float>::store4(m + i, xm);
+  Io<float>::store4(v + i, xv);
+  if (AMS) Io<float>::store4(vm + i, xx);
+}
+// Quads of a tensor take vector accesses only when every base pointer is aligned for them (16 B for the fp32 state,
+// Io<P>::kAlign for param and grad): a param that is a view into a flat buffer may not be.
+template <class P, bool AMS>
+__device__ __forceinline__ bool quads_aligned(const P* p, const P* g, const float* m, const float* v,
+                                              const float* vm) {
+  const uintptr_t pa = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g);
+  const uintptr_t sa = reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v) |
+                       (AMS ? reinterpret_cast<uintptr_t>(vm) : 0);
+  return pa % Io<P>::kAlign == 0 && sa % 16 == 0;
+}
+
 // Elements [begin, end) of one tensor, spread over the block's threads. begin is a multiple of 4, so when the base
 // pointers are aligned every quad is: 16-byte (fp32) / 8-byte (bf16, fp16) accesses, all loads before any math.
 // Misaligned views (a param that is a slice of a flat buffer) take the scalar loop.
@@ -175,36 +216,17 @@ __device__ __forceinline__ void update_range(const void* const* ptr, int64_t beg
   float* __restrict__ m = static_cast<float*>(const_cast<void*>(ptr[kM]));
   float* __restrict__ v = static_cast<float*>(const_cast<void*>(ptr[kV]));
   float* __restrict__ vm = AMS ? static_cast<float*>(const_cast<void*>(ptr[kVmax])) : nullptr;
-  const uintptr_t pa = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g);
-  const uintptr_t sa = reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v) |
-                       (AMS ? reinterpret_cast<uintptr_t>(vm) : 0);
   int64_t i0 = begin;
-  if (pa % Io<P>::kAlign == 0 && sa % 16 == 0) {
+  if (quads_aligned<P, AMS>(p, g, m, v, vm)) {
     const int64_t nq = (end - begin) >> 2;
     for (int64_t q = threadIdx.x; q < nq; q += blockDim.x) {
       const int64_t i = begin + 4 * q;
-      float xp[4], xg[4], xm[4], xv[4], xx[4];
-      Io<P>::load4(p + i, xp);
-      Io<P>::load4(g + i, xg);
-      Io<float>::load4(m + i, xm);
-      Io<float>::load4(v + i, xv);
-      if (AMS) Io<float>::load4(vm + i, xx);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) adam_update<AMS>(xp[k], xg[k], xm[k], xv[k], xx[k], h, c);
-      Io<P>::store4(p + i, xp);
-      Io<float>::store4(m + i, xm);
-      Io<float>::store4(v + i, xv);
-      if (AMS) Io<float>::store4(vm + i, xx);
+      update4<P, AMS>(p, g, m, v, vm, i, h, c);
     }
     i0 = begin + 4 * nq;
   }
   for (int64_t i = i0 + threadIdx.x; i < end; i += blockDim.x) {
-    float xp = Io<P>::load1(p + i), xm = m[i], xv = v[i], xx = AMS ? vm[i] : 0.f;
-    adam_update<AMS>(xp, Io<P>::load1(g + i), xm, xv, xx, h, c);
-    Io<P>::store1(p + i, xp);
-    m[i] = xm;
-    v[i] = xv;
-    if (AMS) vm[i] = xx;
+    update1<P, AMS>(p, g, m, v, vm, i, h, c);
   }
 }
 
@@ -397,10 +419,7 @@ __global__ void __launch_bounds__(kBlock, 2) adam_flat_kernel(const Rec* __restr
       m = static_cast<float*>(const_cast<void*>(r->ptr[kM]));
       v = static_cast<float*>(const_cast<void*>(r->ptr[kV]));
       if (AMS) vm = static_cast<float*>(const_cast<void*>(r->ptr[kVmax]));
-      const uintptr_t pa = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g);
-      const uintptr_t sa = reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v) |
-                           (AMS ? reinterpret_cast<uintptr_t>(vm) : 0);
-      vec = pa % Io<P>::kAlign == 0 && sa % 16 == 0;
+      vec = quads_aligned<P, AMS>(p, g, m, v, vm);
       const float st = *static_cast<const float*>(r->ptr[kS]);
       if (st != cached_step) {
         c = coef_for(h, st);
@@ -409,26 +428,10 @@ __global__ void __launch_bounds__(kBlock, 2) adam_flat_kernel(const Rec* __restr
     }
     const int64_t i = 4 * (q - start);
     if (vec && i + 4 <= numel) {
-      float xp[4], xg[4], xm[4], xv[4], xx[4];
-      Io<P>::load4(p + i, xp);
-      Io<P>::load4(g + i, xg);
-      Io<float>::load4(m + i, xm);
-      Io<float>::load4(v + i, xv);
-      if (AMS) Io<float>::load4(vm + i, xx);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) adam_update<AMS>(xp[e], xg[e], xm[e], xv[e], xx[e], h, c);
-      Io<P>::store4(p + i, xp);
-      Io<float>::store4(m + i, xm);
-      Io<float>::store4(v + i, xv);
-      if (AMS) Io<float>::store4(vm + i, xx);
+      update4<P, AMS>(p, g, m, v, vm, i, h, c);
     } else {                                // a misaligned tensor, or the last, partial quad of one
       for (int64_t j = i; j < i + 4 && j < numel; ++j) {
-        float xp = Io<P>::load1(p + j), xm = m[j], xv = v[j], xx = AMS ? vm[j] : 0.f;
-        adam_update<AMS>(xp, Io<P>::load1(g + j), xm, xv, xx, h, c);
-        Io<P>::store1(p + j, xp);
-        m[j] = xm;
-        v[j] = xv;
-        if (AMS) vm[j] = xx;
+        update1<P, AMS>(p, g, m, v, vm, j, h, c);
       }
     }
   }
