@@ -127,18 +127,23 @@ inline void check_out(const at::Tensor& out, const char* name, const at::Tensor&
 }
 
 // Which implementation runs: version 0 is the C++ CPU code and takes CPU tensors; lo..hi are CUDA kernels and take
-// CUDA tensors. A mismatch is the caller's mistake, named as such.
-inline void check_version(const at::Tensor& x, const char* name, int64_t version, int64_t lo, int64_t hi,
+// CUDA tensors. A mismatch is the caller's mistake, named as such. who: what sits on dev, with its verb ("x is",
+// "the params are").
+inline void check_version(const c10::Device& dev, const char* who, int64_t version, int64_t lo, int64_t hi,
                           const char* op) {
-  if (x.is_cuda()) {
-    LAB_CHECK_VALUE(version != 0, op, ": version 0 is the C++ CPU code but ", name, " is on ", x.device().str(),
-                    " (move it to the CPU, or use a CUDA version ", lo, "..", hi, ")");
+  if (dev.is_cuda()) {
+    LAB_CHECK_VALUE(version != 0, op, ": version 0 is the C++ CPU code but ", who, " on ", dev.str(),
+                    " (move to the CPU, or use a CUDA version ", lo, "..", hi, ")");
     LAB_CHECK_VALUE(version >= lo && version <= hi, op, ": CUDA versions are ", lo, "..", hi, ", got ", version);
   } else {
-    LAB_CHECK_VALUE(x.device().is_cpu(), op, ": ", name, " must be on cpu or cuda, got ", x.device().str());
-    LAB_CHECK_VALUE(version == 0, op, ": version ", version, " is a CUDA kernel but ", name,
-                    " is on the CPU (use version 0, the C++ CPU code)");
+    LAB_CHECK_VALUE(dev.is_cpu(), op, ": ", who, " on ", dev.str(), " (the lab runs on cpu or cuda)");
+    LAB_CHECK_VALUE(version == 0, op, ": version ", version, " is a CUDA kernel but ", who,
+                    " on the CPU (use version 0, the C++ CPU code)");
   }
+}
+inline void check_version(const at::Tensor& x, const char* name, int64_t version, int64_t lo, int64_t hi,
+                          const char* op) {
+  check_version(x.device(), cat(name, " is").c_str(), version, lo, hi, op);
 }
 
 // Sizes that reach a kernel as 32-bit ints.

@@ -148,9 +148,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   int64_t M = 1;
   for (int64_t i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
 
+  lab::check_version(x, "x", version, 1, kMaxVersion, "linear");
   if (x.is_cuda()) {
-    LAB_CHECK_VALUE(version >= 1 && version <= kMaxVersion, "linear: CUDA versions are 1..", kMaxVersion, ", got ",
-                      version);
     const bool wants_bf16 = version == 11 || version == 13;
     LAB_CHECK_TYPE(wants_bf16 == (x.scalar_type() == at::kBFloat16), "linear: version ", version, " takes ",
                      wants_bf16 ? "BFloat16" : "Float", " tensors (x, weight, bias, out), got ",
@@ -181,9 +180,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
     LAB_NO_CUDA_BUILD("linear");
 #endif
   } else {
-    LAB_CHECK_VALUE(x.device().is_cpu(), "linear: x must be on cpu or cuda, got ", x.device().str());
-    LAB_CHECK_VALUE(version == 0, "linear: version ", version, " is a CUDA kernel but x is on the CPU (use version "
-                      "0, the C++ CPU code)");
     LAB_CHECK_TYPE(x.scalar_type() == at::kFloat, "linear: the C++ CPU version takes Float tensors, got ",
                      c10::toString(x.scalar_type()));
     linear_cpu(x.data_ptr<float>(), weight.data_ptr<float>(), b ? b->data_ptr<float>() : nullptr,

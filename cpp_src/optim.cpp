@@ -163,14 +163,7 @@ void check_hyper(const Hyper& h, const at::Device& dev, int64_t version, int64_t
   }
   LAB_CHECK_VALUE(chunk >= 4 && chunk % 4 == 0 && chunk <= (int64_t(1) << 30), "chunk must be a multiple of 4 in "
                     "[4, 2^30], got ", chunk);
-  if (dev.is_cuda()) {
-    LAB_CHECK_VALUE(version >= 1 && version <= kMaxVersion, "adam: CUDA versions are 1..", kMaxVersion, ", got ",
-                      version);
-  } else {
-    LAB_CHECK_VALUE(dev.is_cpu(), "adam: params must be on cpu or cuda, got ", dev.str());
-    LAB_CHECK_VALUE(version == 0, "adam: version ", version, " is a CUDA kernel but the params are on the CPU (use "
-                      "version 0, the C++ CPU code)");
-  }
+  lab::check_version(dev, "the params are", version, 1, kMaxVersion, "adam");
 }
 
 // Checks the entries `idx` and packs their pointers. grads[i] is the grad of params[i].

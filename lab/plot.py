@@ -118,6 +118,7 @@ def speedup_bars(op: Op, dtype: str, device_name: str | None = None, rows: list[
         ax.annotate(f"{r['speedup']:.2f}x\n{r['median_us']:.1f} us", (b.get_x() + b.get_width() / 2, b.get_height()),
                     ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylim(0, max(vals) * 1.2)          # room for the two-line labels above the tallest bar
     ax.set_ylabel(f"speedup over {op.baseline} (time ratio)")
     ax.set_title(f"{op.family}.{op.name} ({dtype}) at {shape}")
     ax.tick_params(axis="x", rotation=30, labelsize=8)

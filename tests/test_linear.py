@@ -189,5 +189,5 @@ def test_cuda_bad_input():
         L.linear(x.bfloat16(), w.bfloat16(), version="v8")
     with pytest.raises(ValueError, match=r"CUDA versions are 1..14, got 15"):
         L.linear(x, w, version="v15")
-    with pytest.raises(ValueError, match=r"version 0 is the C\+\+ CPU code but x is on cuda:0 \(move it to the CPU"):
+    with pytest.raises(ValueError, match=r"version 0 is the C\+\+ CPU code but x is on cuda:0 \(move to the CPU"):
         L.linear(x, w, version="cpu")

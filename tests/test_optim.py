@@ -376,6 +376,12 @@ def test_cuda_version_on_cpu_params_is_refused():
         _step(_lists([3], "cpu"), "v1")
 
 
+@needs_gpu
+def test_cpu_version_on_cuda_params_is_refused():
+    with pytest.raises(ValueError, match=r"version 0 is the C\+\+ CPU code but the params are on cuda:0"):
+        _step(_lists([3], "cuda"), "cpu")
+
+
 @pytest.mark.parametrize("device", devices())
 def test_optimizer_checks_every_group_before_updating_any(device):
     # group 0 is fine, group 1 has a sparse grad: the step raises and group 0 is not touched either
