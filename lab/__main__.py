@@ -123,7 +123,7 @@ def cmd_bench(args) -> int:
         if fam.needs_gpu and dev.type != "cuda":
             print(f"[lab] skip {fam.name}: its benchmarks need a GPU")
             continue
-        for op in _ops(fam, args):
+        for op in ([] if args.extra and not args.op else _ops(fam, args)):   # --extra alone: only those
             rows = bench.bench_op(op, dev, _dtypes(args), args.version, _shapes(args, op), record=not args.dry)
             if rows:
                 for dt in sorted({r["dtype"] for r in rows}):
@@ -200,7 +200,7 @@ def main(argv=None) -> int:
     sp.add_argument("-v", "--verbose", action="store_true")
     sp = sub.add_parser("bench", help="time versions and baselines")
     common(sp)
-    sp.add_argument("--extra", action="append", help="only these extra benchmarks")
+    sp.add_argument("--extra", action="append", help="only these extra benchmarks (without --op: no op sweeps)")
     sp.add_argument("--dry", action="store_true", help="do not append to results/results.csv")
     sp = sub.add_parser("profile", help="profiler tables and traces")
     common(sp)

@@ -34,3 +34,11 @@ def test_bad_size_key_is_a_clear_error():
     r = lab("check", "basics", "--op", "square", "--size", "rows=5", "--device", "cpu")
     assert r.returncode != 0
     assert "shape keys ['n']" in r.stderr
+
+
+def test_bench_extra_alone_runs_only_that_extra():
+    # --extra without --op: no op sweep (rope's ops have CPU versions, so a sweep would print a timing table)
+    r = lab("bench", "rope", "--extra", "compile_time", "--device", "cpu", "--dry")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[lab] rope extra: compile_time" in r.stdout
+    assert "rope.rope" not in r.stdout + r.stderr and "median us" not in r.stdout
