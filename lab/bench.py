@@ -61,14 +61,27 @@ _flush_buf: dict[int, torch.Tensor] = {}
 _SLEEP_CYCLES = 20_000  # ~10 us at the H100's 1.98 GHz boost clock
 
 
-def flush_l2(device: torch.device | None = None) -> None:
-    """Evict the L2 by writing a buffer twice its size (H100: 50 MB L2 -> 100 MB written, ~40 us, untimed)."""
+FLUSH_MODES = ("write", "read")
+
+
+def flush_l2(device: torch.device | None = None, mode: str | None = None) -> None:
+    """Evict the L2 through a buffer twice its size (H100: 50 MB L2 -> 100 MB, ~40 us, untimed).
+
+    mode 'write' (the default; $LAB_FLUSH overrides) fills the buffer, which leaves the L2 full of dirty lines: a
+    timed kernel whose misses evict them pays their write-back to HBM. mode 'read' sums the buffer instead, so the
+    dirty lines are written back during the flush and the timed kernel finds only clean ones."""
+    mode = mode or os.environ.get("LAB_FLUSH", "write")
+    if mode not in FLUSH_MODES:
+        raise ValueError(f"L2 flush mode must be one of {FLUSH_MODES}, got {mode!r}")
     device = torch.device(device or "cuda")
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _flush_buf:
         l2 = getattr(torch.cuda.get_device_properties(idx), "L2_cache_size", 64 << 20) or (64 << 20)
-        _flush_buf[idx] = torch.empty(2 * l2, dtype=torch.int8, device=f"cuda:{idx}")
-    _flush_buf[idx].fill_(idx + 1)
+        _flush_buf[idx] = torch.ones(2 * l2 // 4, dtype=torch.float32, device=f"cuda:{idx}")
+    if mode == "write":
+        _flush_buf[idx].fill_(idx + 1)
+    else:
+        _flush_buf[idx].sum()
 
 
 def capture_graph(fn: Callable[[], object], warmup: int = 3) -> torch.cuda.CUDAGraph:
