@@ -59,11 +59,18 @@
 //   fc_out batch 1: cuBLAS 21.6 us (1402 GB/s), first GEMV 18.9 us (1602 GB/s = 53% of the 3000 GB/s copy).
 //   fc_out batch 128: cuBLAS fp32 80.9 us, v8 161, v10 70.3, v12 34.4 us (cuBLAS TF32 40.4).
 // Goals: wgmma TF32 96% and bf16 80% of cuBLAS (goal 70%): met. Best SIMT 81% of cuBLAS (goal 90%): missed by 9
-// points. By SASS count ~87% of v8's issue slots are FFMA, yet it reached 61% of the 66.9 TFLOP/s datasheet peak (the
-// clock under load is not measured here), so most of the gap is issue stalls; which ones (shared-load latency with
-// 4 warps per scheduler, the per-tile barrier) is not measured yet: that needs ncu on the H100. v9 is aimed at both
-// (16 -> 21 FMAs per shared load, half the threads per tile) and is not measured yet. GEMV 53% of copy (goal 85%):
-// missed; the cause and the rework are at v14 below; the rework is not measured yet either.
+// points. Nsight Compute at 4096^3 (commit f66f57c, results/profiles/linear_sgemm_4096_ncu_*.csv; SM clock 1.98 GHz
+// under load, so the FP32 peak is 66.8 TFLOP/s and cuBLAS's 2.71 ms is 76% of it) says why. Instructions issued
+// (G) / of them FFMA: v8 2.62 / 83%, v9 2.47 / 87%, cuBLAS (sm80_xmma_gemm ... 128x128x8 stage3 ffma) 2.45 / 88%:
+// v9 issues what cuBLAS issues. The gap is issue rate: warps issued per scheduler per cycle v8 0.77, v9 0.72, cuBLAS
+// 0.90, at the same 2 warps per scheduler for v9 and cuBLAS (1.23 vs 1.50 eligible). Stall cycles per issued
+// instruction, v9 | cuBLAS: long scoreboard (waiting on cp.async data) 0.15 | 0.01, dispatch 0.22 | 0.10, wait
+// (fixed-latency dependences) 0.13 | 0.01, short scoreboard (shared loads) 0.36 | 0.32, barrier 0.11 | 0.08. v8
+// (4 warps per scheduler) loses most at its barrier (0.53) and in dispatch (0.54). So v9 does not lose to cuBLAS on
+// instruction count but on stalls: memory dependences (long scoreboard: global loads and cp.async data), dispatch
+// and fixed-latency waits. Which instructions stall (ncu's source-level sampling) is not examined yet.
+// Today's run (notebook 02 on the H100): v8 40.7 TFLOP/s = 80% of cuBLAS fp32, v12 91% of cuBLAS TF32, v13 82% of
+// cuBLAS bf16, v14 at fc_out batch 1 1620 GB/s = 54% of copy; the GEMV's shortfall is measured at v14 below.
 #include "lab_cuda.cuh"
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is fetched from the driver at run time)
@@ -1066,7 +1073,16 @@ __global__ void __launch_bounds__(384, 1) v12_wgmma(const __grid_constant__ CUte
 // w·G + g, w·G + g + 8G, ..., so the rows in flight are spread evenly over the SMs. Memory-bound: bytes = N·K·4.
 // (The first version, one row per warp for all 5893 rows, 8 + 2 loads per lane, x through L1, took 18.9 us at
 // fc_out batch 1 on the H100 = 53% of copy: 5 blocks per SM fit, so 737 blocks ran as a wave and a 12% tail, and
-// every row cost two memory round trips.)
+// every row cost two memory round trips.) The rework measured 18.5-18.7 us (54% of copy): no better. Why the goal
+// (85% of the large-copy rate, 12.0 us) is out of reach at this size, measured by .ci/l2_flush_probe.py on the H100
+// (results/l2_flush_probe.txt; medians, us, after the lab's write flush | after a read flush):
+//   30.2 MB (fc_out's W, below the 50 MB L2): v14 18.6 | 16.0, cuBLAS 20.7 | 16.1, w.sum() 23.1 | 18.7,
+//                                             copying W 28.1 | 22.0 (2745 GB/s counting both directions)
+//   121 MB (4x the rows, above the L2):       v14 51.9 | 45.9 (2628 GB/s = 88% of copy), cuBLAS 57.6 | 47.9
+// Two things cost: the write flush leaves the L2 dirty and the kernel's misses pay the write-back (2.6 us here), and
+// a 30 MB read is too short to reach the streaming rate: the read rate rises with size (w.sum() 1612 GB/s at 30 MB,
+// 2498 at 121 MB), and v14 is already faster than torch's read-only reduction of W and equal to cuBLAS. At 121 MB
+// the same kernel reaches 88% of copy after a read flush.
 // ---------------------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float4 ldg_stream(const float4* p) {
   float4 v;
