@@ -41,6 +41,10 @@ def _rows_for(op: Op, device_name: str | None, dtype: str | None) -> list[dict]:
 def _footer(fig, rows: list[dict], formula: str) -> None:
     r = max(rows, key=lambda r: r["timestamp"] or "")
     text = f"{r['device_name']} · torch {r['torch']} · CUDA {r['cuda']} · commit {r['commit']} · {r['timestamp']}"
+    commits = sorted({x["commit"] or "?" for x in rows})
+    if len(commits) > 1:   # points from more than one run: say so, a curve may join them
+        text = (f"{r['device_name']} · torch {r['torch']} · CUDA {r['cuda']} · points from the runs of commits "
+                f"{', '.join(commits)}; newest {r['timestamp']}")
     if formula:
         text = formula + "\n" + text
     fig.text(0.01, 0.01, text, fontsize=7, color="0.35", va="bottom")
@@ -116,12 +120,13 @@ def speedup_bars(op: Op, dtype: str, device_name: str | None = None, rows: list[
     bars = ax.bar(names, vals, color=colors)
     for b, r in zip(bars, sel):
         ax.annotate(f"{r['speedup']:.2f}x\n{r['median_us']:.1f} us", (b.get_x() + b.get_width() / 2, b.get_height()),
-                    ha="center", va="bottom", fontsize=7)
+                    ha="center", va="bottom", fontsize=7 if len(sel) <= 8 else 5.5)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_ylim(0, max(vals) * 1.2)          # room for the two-line labels above the tallest bar
     ax.set_ylabel(f"speedup over {op.baseline} (time ratio)")
     ax.set_title(f"{op.family}.{op.name} ({dtype}) at {shape}")
-    ax.tick_params(axis="x", rotation=30, labelsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor")   # long names end under their bar
     fig.subplots_adjust(bottom=0.32)
     _footer(fig, sel, op.formula)
     return save_figure(fig, f"{op.family}_{op.name}_{dtype}_speedup") if save else fig
