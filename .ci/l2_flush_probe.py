@@ -7,6 +7,8 @@ dirty lines written back during the flush) at two footprints: fc_out's weight at
 L2) and four times that (121 MB, above it).
 usage (on a GPU): python .ci/l2_flush_probe.py
 """
+import os
+
 import torch
 
 from lab import bench
@@ -36,11 +38,11 @@ def main() -> None:
         for name, (fn, nbytes) in fns.items():
             t = {m: None for m in bench.FLUSH_MODES}
             for mode in bench.FLUSH_MODES:
-                bench.os.environ["LAB_FLUSH"] = mode
+                os.environ["LAB_FLUSH"] = mode
                 t[mode] = bench.time_cuda(fn).median_us
             print(f"{N:>6} {mb:>6.1f} {name:<24} {t['write']:>14.2f} {nbytes / t['write'] / 1e3:>6.0f} "
                   f"{t['read']:>14.2f} {nbytes / t['read'] / 1e3:>6.0f}")
-    bench.os.environ.pop("LAB_FLUSH", None)
+    os.environ.pop("LAB_FLUSH", None)
 
 
 if __name__ == "__main__":

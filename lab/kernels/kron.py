@@ -177,15 +177,6 @@ def _default(x: torch.Tensor) -> str:
     return "v4" if x.is_cuda else "cpu"
 
 
-def _compiled(x: torch.Tensor, version: str | None) -> int:
-    """The C++ version number of a compiled version, after checking that it runs where x is."""
-    version = version or _default(x)
-    if version in KERNELS and (version == "cpu") == x.is_cuda:
-        raise ValueError(f"kron: version {version!r} runs on {'CPU' if version == 'cpu' else 'CUDA'} tensors, "
-                         f"x is on {x.device}")
-    return version_number(version)
-
-
 def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor | None = None,
             version: str | None = None, states: Sequence[torch.Tensor] | None = None, cfg: int = -1,
             cols: int = 0) -> torch.Tensor:
@@ -196,7 +187,8 @@ def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor 
     """
     check_inputs(x, factors)
     out = torch.empty_like(x) if out is None else out
-    return ext().forward(x, list(factors), out, list(states or []), _compiled(x, version), cfg, cols)
+    return ext().forward(x, list(factors), out, list(states or []), version_number(version or _default(x)), cfg,
+                         cols)
 
 
 def backward(g: torch.Tensor, x: torch.Tensor, factors: Sequence[torch.Tensor], states: Sequence[torch.Tensor],
@@ -206,7 +198,7 @@ def backward(g: torch.Tensor, x: torch.Tensor, factors: Sequence[torch.Tensor], 
     check_inputs(x, factors)
     dx = torch.empty_like(x) if dx is None else dx
     dws = [torch.empty_like(w) for w in factors] if dws is None else list(dws)
-    ext().backward(g, x, list(factors), list(states), dx, dws, _compiled(x, version))
+    ext().backward(g, x, list(factors), list(states), dx, dws, version_number(version or _default(x)))
     return dx, dws
 
 
@@ -253,7 +245,6 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
         return PYTORCH[version](x, list(factors))
     if version not in KERNELS:
         raise ValueError(f"version must be one of {', '.join(TORCH_VERSIONS + KERNELS)}, got {version!r}")
-    _compiled(x, version)
     return KronFunction.apply(x, version, cfg, cols, *factors)
 
 
