@@ -10,8 +10,11 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>  // pybind11 casters for at::Tensor
 
+#include "lab_unit.h"
+
 #include <cstdint>
 #include <initializer_list>
+#include <unordered_map>
 #include <optional>
 #include <cstdio>
 #include <type_traits>
@@ -206,6 +209,55 @@ auto bind(R (*f)(A...)) {
   };
 }
 
+// ---- units: launchers built apart, handed over as function pointers (lab_unit.h) -------------------------------
+// name -> function, filled by lab/build.py through _lab_register each time a unit is (re)built or loaded.
+inline std::unordered_map<std::string, void*>& launchers() {
+  static std::unordered_map<std::string, void*> table;
+  return table;
+}
+
+// The launcher registered under `name` ("square_f32", or "gru_v3@f32" for a unit built per variant), cast to its
+// signature. ~50 ns a lookup. A missing one is a clear error, not a null call.
+template <class Fn>
+Fn launcher(const std::string& name) {
+  auto& t = launchers();
+  auto it = t.find(name);
+  if (it == t.end()) {
+    std::string have;
+    int shown = 0;
+    for (const auto& kv : t) {
+      if (kv.first.rfind("lab_", 0) == 0) continue;
+      if (shown++ < 12) have += (have.empty() ? "" : ", ") + kv.first;
+    }
+    if (shown > 12) have += ", ...";
+    throw std::runtime_error(cat("kernel '", name, "' is not loaded: no unit of this family exports it (loaded: ",
+                                 have.empty() ? std::string("none") : have,
+                                 "). Was its unit filtered out by LAB_ONLY / only=, or did its build fail?"));
+  }
+  return reinterpret_cast<Fn>(it->second);
+}
+
+// The dtype part of a launcher's name: "f32", "f64", "f16", "bf16".
+inline const char* dtype_suffix(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "f32";
+    case at::kDouble: return "f64";
+    case at::kHalf: return "f16";
+    case at::kBFloat16: return "bf16";
+    default: return "unsupported";
+  }
+}
+template <class T> inline const char* dtype_suffix() { return dtype_suffix(c10::CppTypeToScalarType<T>::value); }
+
+inline void at_parallel_for(int64_t begin, int64_t end, int64_t grain, lab_range_fn fn, void* ctx) {
+  at::parallel_for(begin, end, grain, [&](int64_t lo, int64_t hi) { fn(ctx, lo, hi); });
+}
+// The runtime the CPU units get (lab_unit.h): torch's thread pool.
+inline const LabCpuRuntime* cpu_runtime() {
+  static const LabCpuRuntime rt{&at_parallel_for};
+  return &rt;
+}
+
 }  // namespace lab
 
 #ifdef LAB_WITH_CUDA
@@ -223,3 +275,19 @@ auto bind(R (*f)(A...)) {
 #define LAB_NO_CUDA_BUILD(what) \
   LAB_CHECK(false, what, ": this module was built without CUDA (lab.build.load(..., flavor='cuda') needs a GPU)")
 #endif
+
+// In every binding's PYBIND11_MODULE: what lab/build.py uses to hand the units' launchers over.
+#define LAB_BIND_UNITS(m)                                                                                        \
+  do {                                                                                                           \
+    (m).def("_lab_register", [](const std::unordered_map<std::string, uintptr_t>& fns, bool clear) {            \
+      if (clear) ::lab::launchers().clear();                                                                     \
+      for (const auto& kv : fns) ::lab::launchers()[kv.first] = reinterpret_cast<void*>(kv.second);             \
+    }, "register {name: address} of unit launchers (clear=True drops the old table first)");                   \
+    (m).def("_lab_launchers", [] {                                                                               \
+      std::vector<std::string> names;                                                                            \
+      for (const auto& kv : ::lab::launchers()) names.push_back(kv.first);                                       \
+      return names;                                                                                              \
+    }, "names of the registered launchers");                                                                     \
+    (m).def("_lab_cpu_runtime", [] { return reinterpret_cast<uintptr_t>(::lab::cpu_runtime()); },               \
+            "address of the LabCpuRuntime handed to CPU units");                                                 \
+  } while (0)

@@ -1,40 +1,58 @@
-"""Kernel sources on disk -> `torch.utils.cpp_extension.load_inline` -> a Python module, fast and never stale.
+"""Kernel sources on disk -> `torch.utils.cpp_extension.load_inline` -> a binding module plus units, fast and never stale.
 
-A family `name` is `cpp_src/<name>.cpp` (torch bindings + the CPU version) and, on a GPU build,
-`cuda_src/<name>.cu` (kernels and launchers, no torch headers), plus the project headers they `#include "..."`.
+A family lives in folders that share its name:
 
-What this adds to a bare `load_inline(name=...)` call, and why:
+    cpp_src/<family>/<family>.cpp   the binding: torch-facing functions, named input checks, pybind11 (rarely edited)
+    cpp_src/<family>/*.cpp          CPU units: the C++ CPU versions, plain pointers, no torch headers
+    cuda_src/<family>/*.cu          CUDA units: kernels + plain-C launchers, no torch headers (one version, or a few
+                                    that share a kernel, per file); cuda_src/<family>/<family>.cuh holds what they share
 
-1. Never stale. load_inline imports `<build_dir>/<name>.so`; dlopen and CPython's extension-module cache both key on
-   that path, so after an edit the same process would get the old module back. We keep one build directory and one
-   module name per family (so ninja recompiles only the file that changed: a one-line `.cu` edit is a ~1.5 s nvcc run,
-   not a 20 s recompile of torch headers), then import a copy of the `.so` named by a content key.
-2. The key covers every byte the build depends on: both sources, every project header they include (transitively),
-   the flags, the arch list, the torch and Python versions. torch's own versioner hashes only main.cpp/cuda.cu, so a
-   header-only edit would not rebuild in the same process.
-3. No hang after a killed build. torch's `lock` file (a FileBaton) survives a killed build and the next one waits on
-   it forever. We serialise builds of a family with `flock` (the kernel drops it when a process dies) and remove a
-   leftover baton while we hold it.
-4. Errors name the real file. Sources go in behind `#line 1 "<path>"`, so the compiler reports `cuda_src/gru.cu:42`,
-   and a failed build raises `BuildError` whose message leads with the first error and its source line; the full
-   log is kept (`err.log`, and a file next to the build).
-5. Warm start without a compiler. If a module for the key was built before (this process or another), it is
-   imported directly: no ninja, no compiler, no lock (a few ms).
+Each unit is its own `load_inline(..., is_python_module=False, no_implicit_headers=True)` build: a small shared
+library loaded with ctypes, whose launchers reach the binding as function pointers (`lab_unit.h`: the unit's export
+table; `lab_common.h`: `lab::launcher<Fn>(name)`). Why this design (measured on the H100 machine, 16 cores):
+load_inline writes all of a call's sources into one `cuda.cu`, so with one module per family every edit recompiled the
+whole family (a one-line GRU edit: 26 s; nvcc alone on gru.cu: 24.5 s). A unit is one small nvcc run (1.3-1.9 s for a
+small kernel), units build in parallel, and an edit rebuilds and reloads only the unit it touched while the binding and
+every other unit stay loaded. A unit that declares `// lab:variants dtype=f32,f16,bf16` is built once per value (with
+-DLAB_VARIANT_dtype_f32 ...), so each build instantiates one configuration; `only=` / $LAB_ONLY builds a subset while
+developing (e.g. LAB_ONLY=dtype=f32).
+
+A family may also be a single file pair, `cpp_src/<family>.cpp` (+ `cuda_src/<family>.cu`), built as one module:
+the simple layout for a small family (the build tests use it).
+
+What this adds to a bare load_inline call, and why:
+
+1. Never stale. dlopen and CPython's extension cache key on a path, so the same process would get the old code back
+   after an edit. Every artifact is copied to a path named by a content key (every source byte, every project header
+   it includes, transitively, the flags, arch, torch and Python versions) and loaded from there. `load()` stats the
+   family's files on every call (a few us), so a save is seen by the very next call.
+2. Only what changed is compiled: each target (binding, unit, variant) has its own key and build directory; a header
+   edit rebuilds exactly the targets that include it.
+3. No hang after a killed build: builds of a target are serialised with `flock` (the kernel drops it when a process
+   dies), torch's leftover `lock` file is removed, and compiler processes a killed build left running in the build
+   directory are waited for (then stopped) before a new build starts there.
+4. Errors name the real file: sources are compiled behind `#line` directives, and a failed build raises `BuildError`
+   whose message leads with `cuda_src/gru/v3.cu:42: error: ...` (one form for nvcc and g++) and the source line.
+5. Warm start without a compiler: a key built before, in any process, is loaded directly (milliseconds).
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import re
 import shutil
+import signal
 import sys
 import threading
 import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,14 +60,14 @@ import torch
 
 from . import env
 
-BUILD_FORMAT = 3  # bump when this file changes how modules are built
+BUILD_FORMAT = 4  # bump when this file changes how targets are built
 CPP_FLAGS = ["-O3"]
 CUDA_FLAGS = ["-O3", "-lineinfo", "--use_fast_math"]
-
+MIN_TORCH = (2, 6)  # load_inline(no_implicit_headers=...) first shipped in torch 2.6
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
-_loaded: dict = {}  # (family, flavor, source dirs) -> _Loaded
-_lock = threading.Lock()
+_VARIANTS_RE = re.compile(r"^\s*//\s*lab:variants\s+(.+)$", re.M)
+_lock = threading.RLock()
 
 
 class BuildError(RuntimeError):
@@ -59,6 +77,15 @@ class BuildError(RuntimeError):
         self.family, self.summary, self.log, self.log_path = family, summary, log, log_path
         tail = f"\n(full log: {log_path})" if log_path else ""
         super().__init__(f"building '{family}' failed: {summary}{tail}")
+
+
+def check_torch(version: str | None = None) -> None:
+    """The build needs load_inline(no_implicit_headers=...): torch >= 2.6. Say so plainly on an older torch."""
+    v = version or torch.__version__
+    nums = tuple(int(x) for x in re.findall(r"\d+", v)[:2])
+    if nums < MIN_TORCH:
+        raise BuildError("(torch)", f"torch {v} is too old: the lab builds with load_inline(no_implicit_headers=...), "
+                                    f"which needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (pip install -U torch)")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -99,18 +126,14 @@ def default_flavor() -> str:
     return _DEFAULT_FLAVOR[0]
 
 
-def sources(family: str, flavor: str) -> list[Path]:
-    """The family's source files for a flavor ('cpu': the .cpp; 'cuda': the .cpp and the .cu)."""
-    cpp = env.CPP_SRC / f"{family}.cpp"
-    if not cpp.exists():
-        known = sorted(p.stem for p in env.CPP_SRC.glob("*.cpp"))
-        raise BuildError(family, f"no source {_rel(cpp)}; families on disk: {', '.join(known) or 'none'}")
-    if flavor == "cpu":
-        return [cpp]
-    cu = env.CUDA_SRC / f"{family}.cu"
-    if not cu.exists():
-        raise BuildError(family, f"no CUDA source {_rel(cu)}")
-    return [cpp, cu]
+def families_on_disk() -> list[str]:
+    return sorted({p.stem for p in env.CPP_SRC.glob("*.cpp")} |
+                  {p.name for p in env.CPP_SRC.iterdir() if p.is_dir() and (p / f"{p.name}.cpp").exists()}
+                  if env.CPP_SRC.exists() else set())
+
+
+def is_folder_family(family: str) -> bool:
+    return (env.CPP_SRC / family / f"{family}.cpp").exists()
 
 
 def headers(srcs: list[Path]) -> list[Path]:
@@ -130,15 +153,49 @@ def headers(srcs: list[Path]) -> list[Path]:
     return sorted(seen)
 
 
+def variants_of(src: Path) -> list[tuple[str, list[str]]]:
+    """The unit's variant axes from `// lab:variants key=a,b key2=c,d`: [(key, [values])]."""
+    m = _VARIANTS_RE.search(src.read_text())
+    if not m:
+        return []
+    axes = []
+    for item in m.group(1).split():
+        key, _, vals = item.partition("=")
+        values = [v for v in vals.split(",") if v]
+        if not re.fullmatch(r"[A-Za-z_]\w*", key) or not values or not all(re.fullmatch(r"\w+", v) for v in values):
+            raise BuildError(src.parent.name, f"{_rel(src)}: cannot read '// lab:variants {m.group(1)}' "
+                                              "(expected key=a,b,c ..., names of letters, digits and _)")
+        axes.append((key, values))
+    return axes
+
+
+def parse_only(only) -> dict[str, set[str]]:
+    """only={'dtype': 'f32'} / {'dtype': ['f32', 'bf16']} / 'dtype=f32,bf16 rb=2' -> {'dtype': {'f32', 'bf16'}}."""
+    if not only:
+        return {}
+    if isinstance(only, str):
+        out: dict[str, set[str]] = {}
+        for item in only.replace(";", " ").split():
+            key, _, vals = item.partition("=")
+            if not vals:
+                raise ValueError(f"cannot read only={only!r}: expected key=value[,value] (e.g. dtype=f32)")
+            out.setdefault(key, set()).update(v for v in vals.split(",") if v)
+        return out
+    return {k: {v} if isinstance(v, str) else set(v) for k, v in dict(only).items()}
+
+
 @dataclass
-class Spec:
+class Target:
+    """One load_inline build: the binding (a Python module), a unit, or one variant of a unit."""
     family: str
-    flavor: str
+    kind: str                      # 'binding' | 'cuda' | 'cpu' | 'module' (single-file family)
+    name: str                      # unit name ('v3', 'cpu'), or the family for bindings
     sources: list[Path]
     headers: list[Path]
     cflags: list[str]
     cuda_cflags: list[str]
     arch: str
+    variant: tuple[tuple[str, str], ...] = ()
     key: str = field(init=False)
 
     def __post_init__(self):
@@ -146,49 +203,162 @@ class Spec:
         for p in self.sources + self.headers:
             h.update(_rel(p).encode())
             h.update(p.read_bytes())
-        h.update(json.dumps([self.cflags, self.cuda_cflags, self.arch, torch.__version__, sys.version,
-                             BUILD_FORMAT]).encode())
+        h.update(json.dumps([self.kind, self.variant, self._config()]).encode())
         self.key = h.hexdigest()[:16]
+
+    def _config(self):
+        return [self.cflags, self.cuda_cflags, self.arch, torch.__version__, sys.version, BUILD_FORMAT]
+
+    @property
+    def label(self) -> str:
+        return ",".join(v for _, v in self.variant)
 
     @property
     def module_name(self) -> str:
-        return f"lab_{self.family}_{self.flavor}"
+        if self.kind in ("binding", "module"):
+            flavor = "cuda" if self.cuda_cflags or "-DLAB_WITH_CUDA" in self.cflags else "cpu"
+            return f"lab_{self.family}_{flavor}"
+        slug = "".join(f"_{v}" for _, v in self.variant)
+        return f"lab_{self.family}_{self.kind}_{self.name}{slug}"
 
     @property
     def build_dir(self) -> Path:
-        # One directory per (family, flavor, flags, arch, torch): edits to sources reuse it, so ninja is incremental.
-        cfg = hashlib.sha256(json.dumps([self.cflags, self.cuda_cflags, self.arch, torch.__version__,
-                                         sys.version, BUILD_FORMAT]).encode()).hexdigest()[:8]
+        # One directory per target and configuration: a rebuild after an edit reuses it (ninja sees what changed).
+        cfg = hashlib.sha256(json.dumps(self._config()).encode()).hexdigest()[:8]
         return env.cache_dir() / f"{self.module_name}-{cfg}"
 
     @property
     def artifact(self) -> Path:
         return self.build_dir / "loaded" / f"{self.module_name}.{self.key}.so"
 
+    @property
+    def display(self) -> str:
+        src = _rel(self.sources[0]) if self.kind != "module" else ", ".join(_rel(p) for p in self.sources)
+        return src + (f" [{self.label}]" if self.variant else "")
 
-def spec(family: str, flavor: str | None = None) -> Spec:
+    @property
+    def is_python_module(self) -> bool:
+        return self.kind in ("binding", "module")
+
+
+@dataclass
+class Spec:
+    """Everything `family` builds for `flavor`: the binding (or single module) and its units."""
+    family: str
+    flavor: str
+    binding: Target
+    units: list[Target]
+    skipped_cuda: list[Path]       # CUDA units not built in this flavor (cpu), so a caller can say so
+    filtered: list[str]            # unit variants left out by only=
+
+    @property
+    def targets(self) -> list[Target]:
+        return [self.binding] + self.units
+
+    @property
+    def files(self) -> list[Path]:
+        seen: dict[Path, None] = {}
+        for t in self.targets:
+            for p in t.sources + t.headers:
+                seen.setdefault(p, None)
+        for p in self.skipped_cuda:
+            seen.setdefault(p, None)
+        return list(seen)
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(" ".join(t.key for t in self.targets).encode()).hexdigest()[:16]
+
+    # single-file layout compatibility
+    @property
+    def sources(self) -> list[Path]:
+        return [p for t in self.targets for p in t.sources]
+
+    @property
+    def headers(self) -> list[Path]:
+        return sorted({p for t in self.targets for p in t.headers})
+
+    @property
+    def artifact(self) -> Path:
+        return self.binding.artifact
+
+
+def _flags(flavor: str) -> tuple[list[str], list[str], str]:
+    cflags = list(CPP_FLAGS) + (["-DLAB_WITH_CUDA"] if flavor == "cuda" else [])
+    if flavor != "cuda":
+        return cflags, [], ""
+    flags, arch = cuda_arch()
+    return cflags, list(CUDA_FLAGS) + flags, arch
+
+
+def spec(family: str, flavor: str | None = None, only=None) -> Spec:
     flavor = flavor or default_flavor()
     if flavor not in ("cpu", "cuda"):
         raise ValueError(f"flavor must be 'cpu' or 'cuda', got {flavor!r}")
-    srcs = sources(family, flavor)
-    cflags = list(CPP_FLAGS) + (["-DLAB_WITH_CUDA"] if flavor == "cuda" else [])
-    cuda_cflags, arch = (list(CUDA_FLAGS) + cuda_arch()[0], cuda_arch()[1]) if flavor == "cuda" else ([], "")
-    return Spec(family, flavor, srcs, headers(srcs), cflags, cuda_cflags, arch)
+    check_torch()
+    if only is None:
+        only = os.environ.get("LAB_ONLY") or None
+    want = parse_only(only)
+    cflags, cuda_cflags, arch = _flags(flavor)
+    if not is_folder_family(family):
+        cpp = env.CPP_SRC / f"{family}.cpp"
+        if not cpp.exists():
+            known = families_on_disk()
+            raise BuildError(family, f"no source {_rel(env.CPP_SRC / family / (family + '.cpp'))} (or "
+                                     f"{_rel(cpp)}); families on disk: {', '.join(known) or 'none'}")
+        cu = env.CUDA_SRC / f"{family}.cu"
+        srcs = [cpp] + ([cu] if flavor == "cuda" else [])
+        if flavor == "cuda" and not cu.exists():
+            raise BuildError(family, f"no CUDA source {_rel(cu)}")
+        t = Target(family, "module", family, srcs, headers(srcs), cflags, cuda_cflags, arch)
+        return Spec(family, flavor, t, [], [cu] if flavor == "cpu" and cu.exists() else [], [])
+    bsrc = env.CPP_SRC / family / f"{family}.cpp"
+    binding = Target(family, "binding", family, [bsrc], headers([bsrc]), cflags, [], arch if flavor == "cuda" else "")
+    units: list[Target] = []
+    filtered: list[str] = []
+    for p in sorted((env.CPP_SRC / family).glob("*.cpp")):
+        if p != bsrc:
+            units += _unit_targets(family, "cpu", p, list(CPP_FLAGS), [], "", want, filtered)
+    cus = sorted((env.CUDA_SRC / family).glob("*.cu"))
+    if flavor == "cuda":
+        for p in cus:
+            units += _unit_targets(family, "cuda", p, list(CPP_FLAGS), cuda_cflags, arch, want, filtered)
+    return Spec(family, flavor, binding, units, cus if flavor == "cpu" else [], filtered)
+
+
+def _unit_targets(family, kind, src, cflags, cuda_cflags, arch, want, filtered) -> list[Target]:
+    hdrs = headers([src])
+    axes = variants_of(src)
+    out = []
+    for combo in itertools.product(*[[(k, v) for v in vals] for k, vals in axes]) if axes else [()]:
+        if any(k in want and v not in want[k] for k, v in combo):
+            filtered.append(f"{_rel(src)} [{','.join(v for _, v in combo)}]")
+            continue
+        defs = [f"-DLAB_VARIANT_{k}_{v}" for k, v in combo]
+        out.append(Target(family, kind, src.stem, [src], hdrs, cflags + defs,
+                          cuda_cflags + defs if kind == "cuda" else [], arch, tuple(combo)))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------------------------
-RECHECK_SECONDS = 0.5  # how stale a loaded module may be before the files are looked at again
+RECHECK_SECONDS = 0.0  # a loaded family's files are stat'ed on every call, so a save is seen by the next one
 
 
 @dataclass
 class _Loaded:
-    key: str
+    spec: Spec
     module: types.ModuleType
+    libs: dict                     # target key -> (Target, ctypes.CDLL)
+    owners: dict                   # launcher name -> the unit (display name) that exports it
     files: list[Path]
     sig: tuple
     checked: float
+
+
+_loaded: dict = {}                 # (family, flavor, source dirs, only) -> _Loaded
+_libs_alive: list = []             # every unit library ever loaded: never unloaded (a graph may still hold a kernel)
 
 
 def _signature(files: list[Path]) -> tuple:
@@ -202,57 +372,139 @@ def _signature(files: list[Path]) -> tuple:
     return tuple(out)
 
 
+def _dir_signature(family: str) -> tuple:
+    # A new or removed unit file changes its folder's mtime.
+    out = []
+    for d in (env.CPP_SRC / family, env.CUDA_SRC / family):
+        try:
+            out.append(d.stat().st_mtime_ns)
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
 def load(family: str, flavor: str | None = None, *, verbose: bool = True, force: bool = False,
-         max_age: float = RECHECK_SECONDS) -> types.ModuleType:
-    """The compiled module of `family`, rebuilt if any source, header or flag changed since it was last built.
+         max_age: float = RECHECK_SECONDS, only=None) -> types.ModuleType:
+    """The family's binding module with every unit's launchers registered, rebuilding whatever changed on disk.
 
-    flavor: 'cuda' (kernels + CPU code; default when a GPU is visible) or 'cpu' (the .cpp alone).
-    verbose: print build progress (what is compiled, a heartbeat, the time it took).
+    flavor: 'cuda' (CUDA units + CPU units; default when a GPU is visible) or 'cpu' (CPU units only).
+    verbose: print build progress (what is compiled, a heartbeat, the time each unit took).
+    only: build only these variants, e.g. {'dtype': 'f32'} or 'dtype=f32' (default: $LAB_ONLY, else all).
 
-    Called on every kernel call, so it is cheap when nothing changed: within `max_age` seconds of the last look it
-    returns the module at once (a timing loop pays nothing); after that it stats the files (a few us) and re-hashes
-    only if one changed. A notebook user who edits a .cu and re-runs the cell gets the rebuilt module; a script that
-    edits and reloads in the same breath passes max_age=0.
+    Called on every kernel call, so it is cheap when nothing changed: it stats the family's files (a few us) and
+    does more only if one changed; then only the targets whose content key changed are compiled (in parallel) and
+    reloaded. If a build fails, BuildError is raised and the last good module and units stay loaded.
     """
     flavor = flavor or default_flavor()
-    k = (family, flavor, env.CPP_SRC, env.CUDA_SRC)
+    only_key = json.dumps(sorted((k, sorted(v)) for k, v in parse_only(only).items())) if only else \
+        os.environ.get("LAB_ONLY", "")
+    k = (family, flavor, env.CPP_SRC, env.CUDA_SRC, only_key)
     hit = _loaded.get(k)
     if hit and not force:
         now = time.monotonic()
-        if now - hit.checked < max_age:
+        if max_age and now - hit.checked < max_age:
             return hit.module
         if _signature(hit.files) == hit.sig:
             hit.checked = now
             return hit.module
     with _lock:
-        s = spec(family, flavor)
-        files = s.sources + s.headers
+        s = spec(family, flavor, only)
+        files = s.files + [env.CPP_SRC / family, env.CUDA_SRC / family] if is_folder_family(family) else s.files
         hit = _loaded.get(k)
-        if hit and hit.key == s.key and not force:
-            mod = hit.module
-        elif s.artifact.exists() and not force:
-            mod = _import(s)
-        else:
-            mod = _build(s, verbose)
-        _loaded[k] = _Loaded(s.key, mod, files, _signature(files), time.monotonic())
-        return mod
+        if hit and hit.spec.key == s.key and not force:
+            hit.files, hit.sig, hit.checked = files, _signature(files), time.monotonic()
+            hit.spec = s
+            return hit.module
+        todo = [t for t in s.targets if force or not t.artifact.exists()]
+        if todo:
+            _compile_many(todo, verbose, what=f"{family} ({flavor}{', ' + s.binding.arch if s.binding.arch else ''})")
+        old_libs = hit.libs if hit else {}
+        module = hit.module if hit and hit.spec.binding.key == s.binding.key and not force else _import(s.binding)
+        libs = {}
+        for t in s.units:
+            libs[t.key] = old_libs.get(t.key) or (t, _load_unit(t))
+        owners = _register(module, libs.values()) if s.units else {}
+        _loaded[k] = _Loaded(s, module, libs, owners, files, _signature(files), time.monotonic())
+        return module
 
 
-def _import(s: Spec) -> types.ModuleType:
+def _import(t: Target) -> types.ModuleType:
     # A fresh path per key, so dlopen and CPython's extension cache load the new code; and a fresh dotted name per key,
     # because pybind11 >= 3 caches modules by spec name and would hand back the old one. The init symbol is looked
     # up by the last component (PyInit_lab_<family>_<flavor>), which stays the same.
-    spec_ = importlib.util.spec_from_file_location(f"lab_ext_{s.key}.{s.module_name}", s.artifact)
+    spec_ = importlib.util.spec_from_file_location(f"lab_ext_{t.key}.{t.module_name}", t.artifact)
     mod = importlib.util.module_from_spec(spec_)
     try:
         spec_.loader.exec_module(mod)
     except ImportError as e:
-        raise BuildError(s.family, f"built, but the module does not load: {e} (an undefined symbol usually means a "
-                                   "launcher declared in the .cpp has no definition in the .cu)") from e
-    mod.__lab_key__ = s.key
+        raise BuildError(t.family, f"built, but the module does not load: {e} (an undefined symbol usually means a "
+                                   "function declared in the binding has no definition)") from e
+    mod.__lab_key__ = t.key
     return mod
 
 
+class _LabExport(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("fn", ctypes.c_void_p)]
+
+
+def _load_unit(t: Target) -> ctypes.CDLL:
+    try:
+        lib = ctypes.CDLL(str(t.artifact), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as e:
+        raise BuildError(t.family, f"{t.display}: built, but it does not load: {e}") from e
+    _libs_alive.append(lib)
+    return lib
+
+
+def unit_exports(lib: ctypes.CDLL, t: Target) -> dict[str, int]:
+    """{registered name: address} of a loaded unit: its table, names suffixed '@variant' for variant builds."""
+    try:
+        fn = lib.lab_exports
+    except AttributeError:
+        raise BuildError(t.family, f"{t.display} exports no launchers: end it with LAB_EXPORTS(LAB_EXPORT(\"name\", "
+                                   "fn), ...) from lab_unit.h") from None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.POINTER(_LabExport))]
+    table = ctypes.POINTER(_LabExport)()
+    n = fn(ctypes.byref(table))
+    suffix = f"@{t.label}" if t.variant else ""
+    return {table[i].name.decode() + suffix: table[i].fn for i in range(n)}
+
+
+def _register(module: types.ModuleType, libs) -> None:
+    if not hasattr(module, "_lab_register"):
+        raise BuildError(module.__name__, "the binding has no _lab_register: call LAB_BIND_UNITS(m) in its "
+                                          "PYBIND11_MODULE (lab_common.h)")
+    table: dict[str, int] = {}
+    owner: dict[str, str] = {}
+    rt = None
+    for t, lib in libs:
+        for name, addr in unit_exports(lib, t).items():
+            if name in table:
+                raise BuildError(t.family, f"launcher '{name}' is exported by both {owner[name]} and {t.display}")
+            table[name], owner[name] = addr, t.display
+        if t.kind == "cpu":
+            rt = rt or module._lab_cpu_runtime()
+            hook = lib.lab_set_cpu_runtime
+            hook.argtypes, hook.restype = [ctypes.c_void_p], None
+            hook(rt)
+    module._lab_register(table, True)
+    return owner
+
+
+def exports(family: str, flavor: str | None = None) -> dict[str, str]:
+    """{launcher name: unit that exports it} of the loaded family (loading it if needed)."""
+    load(family, flavor, verbose=False)
+    flavor = flavor or default_flavor()
+    for k, v in _loaded.items():
+        if k[:4] == (family, flavor, env.CPP_SRC, env.CUDA_SRC):
+            return dict(v.owners)
+    return {}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Compiling
+# --------------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _flock(path: Path, what: str, verbose: bool):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -267,6 +519,43 @@ def _flock(path: Path, what: str, verbose: bool):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def leftover_processes(bdir: Path) -> list[tuple[int, str]]:
+    """Processes (pid, command) whose working directory is `bdir`: ninja and the compilers of a build whose Python
+    process was killed keep running there. Linux /proc; empty elsewhere."""
+    out = []
+    try:
+        target = os.path.realpath(bdir)
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == os.getpid():
+                continue
+            try:
+                if os.readlink(f"/proc/{d}/cwd") == target:
+                    cmd = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                    out.append((int(d), os.path.basename(cmd)))
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return out
+
+
+def _settle_leftovers(bdir: Path, what: str, verbose: bool, wait_s: float = 60.0) -> None:
+    """Under the target's lock: let a killed build's compilers finish (they hold no lock), stop them after wait_s."""
+    left = leftover_processes(bdir)
+    if not left:
+        return
+    if verbose:
+        print(f"[lab] a killed build of {what} left {', '.join(f'{c} (pid {p})' for p, c in left)} running; "
+              f"waiting up to {wait_s:.0f} s for it ...", flush=True)
+    t0 = time.monotonic()
+    while left and time.monotonic() - t0 < wait_s:
+        time.sleep(0.2)
+        left = leftover_processes(bdir)
+    for pid, _ in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
 
 
 @contextlib.contextmanager
@@ -291,28 +580,26 @@ def _heartbeat(what: str, verbose: bool):
 
 
 def _rel(p: Path) -> str:
-    try:
-        return str(p.relative_to(env.ROOT))
-    except ValueError:
-        return str(p)
+    for root in (env.SRC_ROOT, env.ROOT):
+        try:
+            return str(Path(p).relative_to(root))
+        except ValueError:
+            continue
+    return str(p)
 
 
 def _line_directive(p: Path) -> str:
     return f'#line 1 "{p}"\n' + p.read_text()
 
 
-def _build(s: Spec, verbose: bool) -> types.ModuleType:
-    _compile(s, verbose)
-    return _import(s)
-
-
 _tls = threading.local()
 
 
 def _install_build_only_hook(cpp_extension) -> None:
-    """load_inline has no build-only mode: it always imports <build>/<name>.so, which in a process that loaded an
-    earlier build is the stale module. While this thread builds, that import is skipped and we import the
-    content-keyed copy ourselves; other callers of load_inline are unaffected."""
+    """load_inline has no build-only mode: it always loads <build>/<name>.so, which in a process that loaded an
+    earlier build is the stale module (and for a plain library, torch.ops.load_library would load it globally).
+    While this thread builds, that load is skipped and we load the content-keyed copy ourselves; other callers of
+    load_inline are unaffected."""
     if getattr(cpp_extension, "_lab_hooked", False):
         return
     real = cpp_extension._import_module_from_library
@@ -324,58 +611,91 @@ def _install_build_only_hook(cpp_extension) -> None:
     cpp_extension._lab_hooked = True
 
 
-def _compile(s: Spec, verbose: bool) -> None:
-    """Compile `s` (under the family's flock) and publish the keyed copy of the module; does not import it."""
+_last_build_seconds: dict[tuple[str, str], float] = {}
+_unit_build_seconds: dict[str, float] = {}
+
+
+def _compile_many(targets: list[Target], verbose: bool, what: str) -> None:
+    """Compile targets in parallel (each is one load_inline/ninja run); raise the first BuildError after all ended."""
+    if verbose:
+        names = ", ".join(t.display.split("/")[-1] for t in targets)
+        print(f"[lab] building {what}: {len(targets)} target(s): {names}", flush=True)
+    t0 = time.perf_counter()
+    workers = max(1, min(len(targets), os.cpu_count() or 2))
+    errors: list[BuildError] = []
+    with _heartbeat(what, verbose):
+        if workers == 1:
+            results = [_try_compile(t, verbose) for t in targets]
+        else:
+            with ThreadPoolExecutor(max_workers=workers) as ex:
+                results = list(ex.map(lambda t: _try_compile(t, verbose), targets))
+    errors = [r for r in results if isinstance(r, BuildError)]
+    seconds = time.perf_counter() - t0
+    fam = targets[0].family
+    flavor = "cuda" if "(cuda" in what else "cpu"
+    _last_build_seconds[(fam, flavor)] = seconds
+    if errors:
+        raise errors[0]
+    if verbose:
+        print(f"[lab] built {what} in {seconds:.1f} s", flush=True)
+
+
+def _try_compile(t: Target, verbose: bool):
+    try:
+        _compile(t, verbose)
+    except BuildError as e:
+        return e
+    return None
+
+
+def _compile(t: Target, verbose: bool) -> None:
+    """Compile one target (under its flock) and publish the keyed copy of its library; does not load it."""
     from torch.utils import cpp_extension
 
-    what = f"{s.family} ({s.flavor}{', ' + s.arch if s.arch else ''})"
-    bdir = s.build_dir
+    bdir = t.build_dir
     bdir.mkdir(parents=True, exist_ok=True)
-    with _flock(bdir / ".lab-build.lock", what, verbose):
-        if s.artifact.exists():  # another process built it while we waited
+    with _flock(bdir / ".lab-build.lock", t.display, verbose):
+        if t.artifact.exists():  # another process built it while we waited
             return
+        _settle_leftovers(bdir, t.display, verbose)
         # torch's FileBaton: nobody else can be building here while we hold the flock, so a leftover is stale.
         (bdir / "lock").unlink(missing_ok=True)
         # torch builds only when its in-process versioner sees a change, and renames the module (name_v1, ...) when
         # it does, which changes -DTORCH_EXTENSION_NAME and recompiles everything. Forget the entry: our key decides.
-        cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(s.module_name, None)
-        if s.flavor == "cuda" and os.environ.get("CUDA_HOME") and cpp_extension.CUDA_HOME != os.environ["CUDA_HOME"]:
+        cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(t.module_name, None)
+        if os.environ.get("CUDA_HOME") and cpp_extension.CUDA_HOME != os.environ["CUDA_HOME"]:
             cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"]  # imported before env.py could point it at the toolkit
         _install_build_only_hook(cpp_extension)
-        cpp = [_line_directive(p) for p in s.sources if p.suffix == ".cpp"]
-        cu = [_line_directive(p) for p in s.sources if p.suffix == ".cu"]
-        names = ", ".join(_rel(p) for p in s.sources)
-        if verbose:
-            print(f"[lab] building {what}: {names}", flush=True)
+        cpp = [_line_directive(p) for p in t.sources if p.suffix == ".cpp"]
+        cu = [_line_directive(p) for p in t.sources if p.suffix == ".cu"]
+        with_cuda = bool(cu) or "-DLAB_WITH_CUDA" in t.cflags
         t0 = time.perf_counter()
         _tls.build_only = True
         try:
-            with _heartbeat(what, verbose):
-                cpp_extension.load_inline(
-                    name=s.module_name, cpp_sources=cpp, cuda_sources=cu or None,
-                    extra_cflags=s.cflags, extra_cuda_cflags=s.cuda_cflags or None,
-                    extra_include_paths=[str(env.CPP_SRC), str(env.CUDA_SRC)],
-                    build_directory=str(bdir), with_cuda=bool(cu), verbose=False, no_implicit_headers=True)
+            cpp_extension.load_inline(
+                name=t.module_name, cpp_sources=cpp, cuda_sources=cu or None,
+                extra_cflags=t.cflags, extra_cuda_cflags=t.cuda_cflags or None,
+                extra_include_paths=[str(env.CPP_SRC), str(env.CUDA_SRC)] +
+                                    [str(p.parent) for p in t.sources],
+                build_directory=str(bdir), with_cuda=with_cuda, verbose=False, no_implicit_headers=True,
+                is_python_module=t.is_python_module)
         except (RuntimeError, OSError) as e:
             log = str(e)
             log_path = bdir / "last-error.log"
             log_path.write_text(log)
-            raise BuildError(s.family, summarize_log(log), log, log_path) from None
+            raise BuildError(t.family, summarize_log(log), log, log_path) from None
         finally:
             _tls.build_only = False
         seconds = time.perf_counter() - t0
-        built = bdir / f"{s.module_name}.so"
-        s.artifact.parent.mkdir(exist_ok=True)
-        tmp = s.artifact.with_suffix(f".tmp{os.getpid()}")
+        built = bdir / f"{t.module_name}.so"
+        t.artifact.parent.mkdir(exist_ok=True)
+        tmp = t.artifact.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
         shutil.copy2(built, tmp)
-        os.replace(tmp, s.artifact)  # atomic: a concurrent reader sees no file or the whole file
-        _prune(s)
+        os.replace(tmp, t.artifact)  # atomic: a concurrent reader sees no file or the whole file
+        _prune(t)
+        _unit_build_seconds[t.display] = seconds
         if verbose:
-            print(f"[lab] built {what} in {seconds:.1f} s", flush=True)
-        _last_build_seconds[(s.family, s.flavor)] = seconds
-
-
-_last_build_seconds: dict[tuple[str, str], float] = {}
+            print(f"[lab]   compiled {t.display} in {seconds:.1f} s", flush=True)
 
 
 def last_build_seconds(family: str, flavor: str | None = None) -> float | None:
@@ -383,9 +703,9 @@ def last_build_seconds(family: str, flavor: str | None = None) -> float | None:
     return _last_build_seconds.get((family, flavor or default_flavor()))
 
 
-def _prune(s: Spec, keep: int = 6) -> None:
+def _prune(t: Target, keep: int = 6) -> None:
     """Keep the newest few keyed copies; older ones only cost disk (a loaded one stays mapped if deleted)."""
-    olds = sorted(s.artifact.parent.glob(f"{s.module_name}.*.so"), key=lambda p: p.stat().st_mtime, reverse=True)
+    olds = sorted(t.artifact.parent.glob(f"{t.module_name}.*.so"), key=lambda p: p.stat().st_mtime, reverse=True)
     for p in olds[keep:]:
         p.unlink(missing_ok=True)
 
@@ -393,12 +713,13 @@ def _prune(s: Spec, keep: int = 6) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Error mapping
 # --------------------------------------------------------------------------------------------------------------
-_ERR_RE = re.compile(r"^(?P<file>[^\s:][^:\n]*?)(?::(?P<line>\d+)(?::\d+)?|\((?P<pline>\d+)\)):\s*(?:fatal\s+)?"
-                     r"error\b[^\n]*", re.M)
+_ERR_RE = re.compile(r"^(?P<file>[^\s:][^:\n]*?)(?::(?P<line>\d+)(?::(?P<col>\d+))?|\((?P<pline>\d+)\)):\s*"
+                     r"(?:fatal\s+)?error\b:?\s*(?P<msg>[^\n]*)", re.M)
 
 
 def summarize_log(log: str) -> str:
-    """First compiler error, as 'path:line: error: ...', followed by that source line; else the log's last lines."""
+    """The first compiler error as `path:LINE: error: message` (the same form for nvcc's `path(LINE)` and g++'s
+    `path:LINE:COL`), then that source line, marked; else the log's last lines."""
     m = _ERR_RE.search(log)
     if not m:
         for line in log.splitlines():
@@ -406,116 +727,69 @@ def summarize_log(log: str) -> str:
                 return line.strip()
         return "\n".join(log.strip().splitlines()[-15:])
     path, line = m.group("file").strip(), int(m.group("line") or m.group("pline"))
-    msg = m.group(0).strip()
-    msg = msg.replace(path, _rel(Path(path).resolve()), 1)
+    msg = f"{_rel(Path(path).resolve())}:{line}: error: {m.group('msg').strip()}"
     try:
         src = Path(path).read_text().splitlines()[line - 1]
-        msg += f"\n    {line} | {src.strip()}"
+        msg += f"\n  > {line:4d} | {src.rstrip()}"
+        col = m.group("col")
+        if col:
+            msg += "\n         | " + " " * (int(col) - 1) + "^"
     except (OSError, IndexError):
         pass
     return msg
 
 
 def resource_usage(family: str) -> str:
-    """Registers, shared memory, stack and spills per kernel, read off the built module by cuobjdump."""
+    """Registers, shared memory, stack and spills per kernel, read off the built units by cuobjdump."""
     import subprocess
     s = spec(family, "cuda")
     load(family, "cuda")
     cuobjdump = shutil.which("cuobjdump") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin",
                                                             "cuobjdump")
-    out = subprocess.run([cuobjdump, "--dump-resource-usage", str(s.artifact)], capture_output=True, text=True)
-    return out.stdout or out.stderr
+    arts = [t.artifact for t in s.targets if t.kind in ("cuda", "module")]
+    out = []
+    for a in arts:
+        r = subprocess.run([cuobjdump, "--dump-resource-usage", str(a)], capture_output=True, text=True)
+        out.append(r.stdout or r.stderr)
+    return "\n".join(out)
 
 
-def build_all(families: list[str], flavor: str | None = None, jobs: int | None = None) -> dict[str, object]:
-    """Build several families at once (each compile is a ninja subprocess, so threads overlap them), then import.
-
-    Returns {family: module or BuildError}.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-    errors: dict[str, BuildError] = {}
-
-    def compile_one(f):
-        try:
-            s = spec(f, flavor)
-            if not s.artifact.exists():
-                _compile(s, verbose=True)
-        except BuildError as e:
-            errors[f] = e
-
-    workers = jobs or max(1, min(len(families), (os.cpu_count() or 2) // 2))
-    with ThreadPoolExecutor(max_workers=workers) as ex:
-        list(ex.map(compile_one, families))
+def build_all(families: list[str], flavor: str | None = None, jobs: int | None = None,
+              verbose: bool = True) -> dict[str, object]:
+    """Build several families at once: every target of every family goes into one parallel pool, then each family
+    is loaded. Returns {family: module or BuildError}."""
+    flavor = flavor or default_flavor()
     out: dict[str, object] = {}
+    todo: list[Target] = []
     for f in families:
         try:
-            out[f] = errors[f] if f in errors else load(f, flavor)
+            s = spec(f, flavor)
+            todo += [t for t in s.targets if not t.artifact.exists()]
+        except BuildError as e:
+            out[f] = e
+    if todo:
+        workers = jobs or max(1, os.cpu_count() or 2)
+        if verbose:
+            print(f"[lab] building {len(todo)} target(s) of {len(families)} families ({flavor}) on {workers} "
+                  "workers ...", flush=True)
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=workers) as ex:
+            list(ex.map(lambda t: _try_compile(t, verbose), todo))
+        if verbose:
+            print(f"[lab] compiled in {time.perf_counter() - t0:.1f} s", flush=True)
+    for f in families:
+        if f in out:
+            continue
+        try:
+            out[f] = load(f, flavor, verbose=verbose)
         except BuildError as e:
             out[f] = e
     return out
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Build-time figures (results/build_times.csv)
-# --------------------------------------------------------------------------------------------------------------
-BUILD_TIME_COLUMNS = ["family", "flavor", "event", "seconds", "device_name", "cpus", "torch", "commit", "timestamp"]
-
-_PROBE = r"""
-import json, sys, time
-from pathlib import Path
-family, flavor, edit = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-import lab.build as b
-t0 = time.perf_counter(); b.load(family, flavor, verbose=False); rec = {"load": time.perf_counter() - t0}
-if edit:
-    # a one-line edit of the kernel file, then of a shared header, each followed by a reload in this process
-    for event, path in (("edit_source_same_process",
-                         b.env.CUDA_SRC / f"{family}.cu" if flavor == "cuda" else b.env.CPP_SRC / f"{family}.cpp"),
-                        ("edit_header_same_process",
-                         b.env.CUDA_SRC / "lab_cuda.cuh" if flavor == "cuda" else b.env.CPP_SRC / "lab_common.h")):
-        path.write_text(path.read_text() + "\n// edited by lab.build.measure_times\n")
-        t0 = time.perf_counter(); b.load(family, flavor, verbose=False, max_age=0); rec[event] = time.perf_counter() - t0
-print("LAB_TIMES " + json.dumps(rec))
-"""
-
-
-def measure_times(family: str = "basics", flavor: str | None = None, record: bool = True,
-                  verbose: bool = True) -> list[dict]:
-    """Cold build, warm start in a new process, and edit-to-rerun in the same process, on a scratch copy of the
-    sources and an empty cache (the repository's cache and files are untouched)."""
-    import subprocess
-    import tempfile
-    flavor = flavor or default_flavor()
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="lab-buildtimes-") as tmp:
-        src = Path(tmp) / "src"
-        shutil.copytree(env.CPP_SRC, src / "cpp_src")
-        shutil.copytree(env.CUDA_SRC, src / "cuda_src")
-        penv = {**os.environ, "LAB_CACHE_DIR": str(Path(tmp) / "cache"), "LAB_SRC_ROOT": str(src),
-                "PYTHONPATH": os.pathsep.join([str(env.ROOT), os.environ.get("PYTHONPATH", "")])}
-
-        def probe(edit: bool) -> dict:
-            r = subprocess.run([sys.executable, "-c", _PROBE, family, flavor, "1" if edit else "0"], env=penv,
-                               capture_output=True, text=True)
-            line = [ln for ln in r.stdout.splitlines() if ln.startswith("LAB_TIMES ")]
-            if r.returncode or not line:
-                raise BuildError(family, f"build-time probe failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
-            return json.loads(line[0][len("LAB_TIMES "):])
-
-        if verbose:
-            print(f"[lab] timing builds of {family} ({flavor}): cold, edits, warm start ...", flush=True)
-        first = probe(edit=True)
-        second = probe(edit=False)
-        events = {"cold_build": first["load"], "edit_source_same_process": first["edit_source_same_process"],
-                  "edit_header_same_process": first["edit_header_same_process"],
-                  "warm_start_new_process": second["load"]}
-    m = env.machine()
-    for event, sec in events.items():
-        rows.append({"family": family, "flavor": flavor, "event": event, "seconds": round(sec, 3),
-                     "device_name": m["device_name"], "cpus": os.cpu_count(), "torch": m["torch"],
-                     "commit": m["commit"], "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")})
-        if verbose:
-            print(f"[lab]   {event:<28} {sec:7.2f} s", flush=True)
-    if record:
-        from . import results
-        results.append(rows, env.RESULTS / "build_times.csv", BUILD_TIME_COLUMNS)
-    return rows
+def skipped_cuda_sources(family: str, flavor: str | None = None) -> list[Path]:
+    """The CUDA sources a `flavor` build of the family does not compile (all of them in the cpu flavor)."""
+    try:
+        return spec(family, flavor).skipped_cuda
+    except BuildError:
+        return []

@@ -16,11 +16,17 @@ def _reason():
     return None
 
 
-CUDA_FAMILIES = sorted(p.stem for p in env.CUDA_SRC.glob("*.cu"))
+CUDA_FAMILIES = sorted({p.stem for p in env.CUDA_SRC.glob("*.cu")} |
+                       {p.name for p in env.CUDA_SRC.iterdir() if p.is_dir() and build.is_folder_family(p.name)})
 
 
 @pytest.mark.skipif(_reason() is not None, reason=str(_reason()))
 @pytest.mark.parametrize("family", CUDA_FAMILIES)
 def test_cuda_source_builds(family):
     m = build.load(family, "cuda")
-    assert m.__lab_key__ == build.spec(family, "cuda").key
+    s = build.spec(family, "cuda")
+    assert m.__lab_key__ == s.binding.key
+    if s.units:  # every unit (and variant) loaded and handed its launchers to the binding
+        owners = build.exports(family, "cuda")
+        assert set(m._lab_launchers()) == set(owners)
+        assert {u.display for u in s.units} == set(owners.values())

@@ -1,86 +1,33 @@
-// basics.cpp — torch-facing functions of the CUDA-basics family, and their CPU versions.
+// basics/basics.cpp — the binding of the CUDA-basics family: named input checks, then a call of the launcher that
+// the units export (cuda_src/basics/<op>.cu for CUDA tensors, cpp_src/basics/cpu.cpp for CPU tensors), looked up by
+// name (lab::launcher, lab_common.h). No kernel code here: editing a kernel never recompiles this file.
 //
 // Every function writes into an `out` tensor the caller allocated (the lab poisons it with NaN before a check, so
 // an element the kernel forgot to write fails the check). version: 0 = the C++ CPU code (CPU tensors),
-// 1.. = the CUDA versions in cuda_src/basics.cu (CUDA tensors).
+// 1.. = the CUDA versions (CUDA tensors).
 #include "lab_common.h"
 
-#ifdef LAB_WITH_CUDA
-#define LAB_DECLARE(T)                                                                                   \
-  cudaError_t basics_square(int, const T*, T*, int64_t, cudaStream_t);                                   \
-  cudaError_t basics_vector_add(int, const T*, const T*, T*, int64_t, cudaStream_t);                     \
-  cudaError_t basics_stencil_1d(int, const T*, T*, int64_t, cudaStream_t);                               \
-  cudaError_t basics_matmul(int, const T*, const T*, T*, int, int, int, cudaStream_t);
-LAB_DECLARE(float)
-LAB_DECLARE(double)
-#undef LAB_DECLARE
-cudaError_t basics_fma_peak(float* out, int blocks, int threads, int iters, cudaStream_t s);
-#endif
-
 namespace {
-
-constexpr int kRadius = 3;
-constexpr int64_t kGrain = 1 << 15;  // elements per parallel_for task: big enough to amortise the task hand-off
 
 void check_float(const at::Tensor& t, const char* name) {
   lab::check_dtype(t, name, {at::kFloat, at::kDouble});
   lab::check_contiguous(t, name);
 }
 
-// ---- CPU versions -------------------------------------------------------------------------------------------
-template <class T>
-void square_cpu(const T* x, T* y, int64_t n) {
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) y[i] = x[i] * x[i];  // vectorised by the compiler at -O3
-  });
+// The name a unit exports the launcher of `op` under: "<op>_f32" (CUDA units) or "<op>_cpu_f32" (the CPU unit).
+std::string kname(const char* op, const at::Tensor& t) {
+  return lab::cat(op, t.is_cuda() ? "_" : "_cpu_", lab::dtype_suffix(t.scalar_type()));
 }
 
-template <class T>
-void add_cpu(const T* a, const T* b, T* c, int64_t n) {
-  at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) c[i] = a[i] + b[i];
-  });
-}
-
-template <class T>
-void stencil_cpu(const T* x, T* y, int64_t n) {
-  at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      T s = 0;
-      for (int j = -kRadius; j <= kRadius; ++j) {
-        int64_t k = i + j;
-        if (k >= 0 && k < n) s += x[k];
-      }
-      y[i] = s;
-    }
-  });
-}
-
-// C = A @ B, row-major. Rows are split across threads; inside, an i-k-j order streams rows of B and C so the
-// inner loop is a contiguous axpy the compiler vectorises; K is blocked so a slab of B stays in cache while a
-// thread's rows are swept over it (kc=256 rows of B x 512 columns x 4 B = 512 KB, about one L2).
-template <class T>
-void matmul_cpu(const T* A, const T* B, T* C, int64_t M, int64_t N, int64_t K) {
-  constexpr int64_t kc = 256, nc = 512;
-  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * N + j] = 0;
-    for (int64_t j0 = 0; j0 < N; j0 += nc) {
-      const int64_t j1 = std::min(N, j0 + nc);
-      for (int64_t k0 = 0; k0 < K; k0 += kc) {
-        const int64_t k1 = std::min(K, k0 + kc);
-        for (int64_t i = r0; i < r1; ++i) {
-          T* c = C + i * N;
-          for (int64_t k = k0; k < k1; ++k) {
-            const T a = A[i * K + k];
-            const T* b = B + k * N;
-            for (int64_t j = j0; j < j1; ++j) c[j] += a * b[j];
-          }
-        }
-      }
-    }
-  });
-}
+#ifdef LAB_WITH_CUDA
+template <class T> using UnaryCuda = cudaError_t (*)(int, const T*, T*, int64_t, cudaStream_t);
+template <class T> using BinaryCuda = cudaError_t (*)(int, const T*, const T*, T*, int64_t, cudaStream_t);
+template <class T> using MatmulCuda = cudaError_t (*)(int, const T*, const T*, T*, int, int, int, cudaStream_t);
+using FmaPeakCuda = cudaError_t (*)(float*, int, int, int, cudaStream_t);
+#endif
+template <class T> using UnaryCpu = void (*)(const T*, T*, int64_t);
+template <class T> using BinaryCpu = void (*)(const T*, const T*, T*, int64_t);
+template <class T> using MatmulCpu = void (*)(const T*, const T*, T*, int64_t, int64_t, int64_t);
 
 }  // namespace
 
@@ -94,13 +41,14 @@ at::Tensor square(const at::Tensor& x, at::Tensor out, int64_t version) {
     if (x.is_cuda()) {
 #ifdef LAB_WITH_CUDA
       c10::cuda::CUDAGuard guard(x.device());
-      LAB_CUDA_CHECK(basics_square(int(version), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n, LAB_STREAM()),
+      LAB_CUDA_CHECK(lab::launcher<UnaryCuda<scalar_t>>(kname("square", x))(
+                         int(version), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n, LAB_STREAM()),
                      "square kernel");
 #else
       LAB_NO_CUDA_BUILD("square");
 #endif
     } else {
-      square_cpu(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n);
+      lab::launcher<UnaryCpu<scalar_t>>(kname("square", x))(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n);
     }
   });
   return out;
@@ -120,14 +68,16 @@ at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b, at::Tensor out, 
     if (a.is_cuda()) {
 #ifdef LAB_WITH_CUDA
       c10::cuda::CUDAGuard guard(a.device());
-      LAB_CUDA_CHECK(basics_vector_add(int(version), a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(),
-                                       out.data_ptr<scalar_t>(), n, LAB_STREAM()),
+      LAB_CUDA_CHECK(lab::launcher<BinaryCuda<scalar_t>>(kname("vector_add", a))(
+                         int(version), a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n,
+                         LAB_STREAM()),
                      "vector_add kernel");
 #else
       LAB_NO_CUDA_BUILD("vector_add");
 #endif
     } else {
-      add_cpu(a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n);
+      lab::launcher<BinaryCpu<scalar_t>>(kname("vector_add", a))(a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(),
+                                                                 out.data_ptr<scalar_t>(), n);
     }
   });
   return out;
@@ -143,14 +93,14 @@ at::Tensor stencil_1d(const at::Tensor& x, at::Tensor out, int64_t version) {
     if (x.is_cuda()) {
 #ifdef LAB_WITH_CUDA
       c10::cuda::CUDAGuard guard(x.device());
-      LAB_CUDA_CHECK(basics_stencil_1d(int(version), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n,
-                                       LAB_STREAM()),
+      LAB_CUDA_CHECK(lab::launcher<UnaryCuda<scalar_t>>(kname("stencil_1d", x))(
+                         int(version), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n, LAB_STREAM()),
                      "stencil_1d kernel");
 #else
       LAB_NO_CUDA_BUILD("stencil_1d");
 #endif
     } else {
-      stencil_cpu(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n);
+      lab::launcher<UnaryCpu<scalar_t>>(kname("stencil_1d", x))(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n);
     }
   });
   return out;
@@ -174,14 +124,16 @@ at::Tensor matmul(const at::Tensor& A, const at::Tensor& B, at::Tensor out, int6
       c10::cuda::CUDAGuard guard(A.device());
       const int m = lab::check_int32(M, "M"), n = lab::check_int32(N, "N"), k = lab::check_int32(K, "K");
       LAB_CHECK_VALUE(lab::ceil_div(M, 32) <= 65535, "matmul: M = ", M, " needs more than 65535 block rows");
-      LAB_CUDA_CHECK(basics_matmul(int(version), A.data_ptr<scalar_t>(), B.data_ptr<scalar_t>(),
-                                   out.data_ptr<scalar_t>(), m, n, k, LAB_STREAM()),
+      LAB_CUDA_CHECK(lab::launcher<MatmulCuda<scalar_t>>(kname("matmul", A))(
+                         int(version), A.data_ptr<scalar_t>(), B.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), m,
+                         n, k, LAB_STREAM()),
                      "matmul kernel");
 #else
       LAB_NO_CUDA_BUILD("matmul");
 #endif
     } else {
-      matmul_cpu(A.data_ptr<scalar_t>(), B.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), M, N, K);
+      lab::launcher<MatmulCpu<scalar_t>>(kname("matmul", A))(A.data_ptr<scalar_t>(), B.data_ptr<scalar_t>(),
+                                                             out.data_ptr<scalar_t>(), M, N, K);
     }
   });
   return out;
@@ -198,7 +150,7 @@ at::Tensor fma_peak(at::Tensor out, int64_t blocks, int64_t threads, int64_t ite
   LAB_CHECK_VALUE(out.is_cuda(), "fma_peak: out must be a CUDA tensor, got ", out.device().str());
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(out.device());
-  LAB_CUDA_CHECK(basics_fma_peak(out.data_ptr<float>(), lab::check_int32(blocks, "blocks"), int(threads),
+  LAB_CUDA_CHECK(lab::launcher<FmaPeakCuda>("fma_peak")(out.data_ptr<float>(), lab::check_int32(blocks, "blocks"), int(threads),
                                  lab::check_int32(iters, "iters"), LAB_STREAM()),
                  "fma_peak kernel");
 #else
@@ -215,4 +167,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "stencil_1d(x, out, version) -> out[i] = sum of x[i-3..i+3], zeros outside");
   m.def("matmul", lab::bind(matmul), "matmul(A, B, out, version) -> out = A @ B");
   m.def("fma_peak", lab::bind(fma_peak), "fma_peak(out, blocks, threads, iters): FP32 FMA probe");
+  LAB_BIND_UNITS(m);
 }
