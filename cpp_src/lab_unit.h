@@ -45,12 +45,14 @@ struct LabCpuRuntime {
 
 // The export table; entries are LAB_EXPORT("name", function). Every entry's function is a plain-C-typed launcher.
 #define LAB_EXPORT(name, ...) LabExport{name, reinterpret_cast<void*>(&__VA_ARGS__)}
-#define LAB_EXPORTS(...)                                           \
-  LAB_UNIT_API int lab_exports(const LabExport** out) {            \
-    static const LabExport table[] = {__VA_ARGS__};                \
-    *out = table;                                                  \
-    return int(sizeof(table) / sizeof(table[0]));                  \
-  }
+// It also defines the hook lab/build.py calls with the binding's CPU runtime right after loading the unit.
+#define LAB_EXPORTS(...)                                                                    \
+  LAB_UNIT_API int lab_exports(const LabExport** out) {                                     \
+    static const LabExport table[] = {__VA_ARGS__};                                         \
+    *out = table;                                                                           \
+    return int(sizeof(table) / sizeof(table[0]));                                           \
+  }                                                                                         \
+  LAB_UNIT_API void lab_set_cpu_runtime(const LabCpuRuntime* rt) { lab::cpu_runtime_slot() = rt; }
 
 namespace lab {
 
@@ -75,6 +77,5 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
 
 }  // namespace lab
 
-// One line in every CPU unit: the hook lab/build.py calls with the binding's runtime right after loading the unit.
-#define LAB_CPU_UNIT() \
-  LAB_UNIT_API void lab_set_cpu_runtime(const LabCpuRuntime* rt) { lab::cpu_runtime_slot() = rt; }
+// Marks a CPU unit (documentation only: LAB_EXPORTS defines the runtime hook for every unit).
+#define LAB_CPU_UNIT()

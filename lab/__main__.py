@@ -7,6 +7,12 @@
   profile FAMILY           torch.profiler tables and Chrome traces of each version of each op
   plot                     redraw results/plots/ from the results table
   report [FAMILY ...]      the main job: build, check, bench, profile, plot every family the machine can run
+  watch FAMILY             on every save: rebuild what changed, check and time the versions it touches
+  buildtime [FAMILY ...]   the edit-and-rerun benchmark: cold/warm builds and one-line edits, into
+                           results/build_times.csv (on a scratch copy of the sources and an empty cache)
+
+check and bench take --isolate: each version runs in a worker process with a --timeout, so a kernel that faults
+or hangs is reported as that version's result instead of ending the run.
 """
 from __future__ import annotations
 
@@ -87,13 +93,19 @@ def cmd_list(args) -> int:
 
 def cmd_build(args) -> int:
     flavor = "cuda" if (env.has_gpu() or args.cuda) else "cpu"
-    names = [f.name for f in _families(args.families)]
+    names = args.families or build.families_on_disk()
     t0 = time.perf_counter()
     res = build.build_all(names, flavor)
     bad = {f: r for f, r in res.items() if isinstance(r, build.BuildError)}
     for f, e in bad.items():
         print(f"\n{e}\n", file=sys.stderr)
     print(f"[lab] {len(names) - len(bad)}/{len(names)} families built ({flavor}) in {time.perf_counter() - t0:.1f} s")
+    if flavor == "cpu":
+        skipped = [build._rel(p) for f in names for p in build.skipped_cuda_sources(f, "cpu")]
+        if skipped:
+            print(f"[lab] not compiled (no GPU visible): {len(skipped)} CUDA source(s): {', '.join(skipped)}\n"
+                  "      compile them without a GPU with: TORCH_CUDA_ARCH_LIST=9.0 python -m lab build --cuda "
+                  + " ".join(args.families))
     return 1 if bad else 0
 
 
@@ -103,8 +115,17 @@ def cmd_check(args) -> int:
         for fam in _families(args.families):
             print(f"[lab] check {fam.name} on {dev.type}", flush=True)
             for op in _ops(fam, args):
-                rs = verify.check_op(op, dev, _dtypes(args), args.version, _shapes(args, op),
-                                     seeds=range(args.seeds), progress=args.verbose, lean=args.lean)
+                if args.isolate:
+                    from . import isolate
+                    rs = isolate.check_op(op, dev, args.version, _dtypes(args), timeout=args.timeout,
+                                          shapes=_shapes(args, op), seeds=range(args.seeds), progress=args.verbose,
+                                          lean=args.lean)
+                    for r in rs:
+                        if not r.passed and not args.verbose:
+                            print("  " + r.line(), flush=True)
+                else:
+                    rs = verify.check_op(op, dev, _dtypes(args), args.version, _shapes(args, op),
+                                         seeds=range(args.seeds), progress=args.verbose, lean=args.lean)
                 total += len(rs)
                 failed += sum(not r.passed for r in rs)
                 if not args.verbose:
@@ -124,7 +145,14 @@ def cmd_bench(args) -> int:
             print(f"[lab] skip {fam.name}: its benchmarks need a GPU")
             continue
         for op in ([] if args.extra and not args.op else _ops(fam, args)):   # --extra alone: only those
-            rows = bench.bench_op(op, dev, _dtypes(args), args.version, _shapes(args, op), record=not args.dry)
+            if args.isolate:
+                from . import isolate
+                rows, failed = isolate.bench_op(op, dev, args.version, _dtypes(args), timeout=args.timeout,
+                                                shapes=_shapes(args, op), record=not args.dry)
+                for f in failed:
+                    print(f"[lab] {f.line()}", flush=True)
+            else:
+                rows = bench.bench_op(op, dev, _dtypes(args), args.version, _shapes(args, op), record=not args.dry)
             if rows:
                 for dt in sorted({r["dtype"] for r in rows}):
                     sel = [r for r in rows if r["dtype"] == dt]
@@ -168,6 +196,21 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_watch(args) -> int:
+    from . import watcher
+    watcher.watch(args.family, op=args.op, versions=args.version, device=args.device, isolate=not args.no_isolate,
+                timeout=args.timeout)
+    return 0
+
+
+def cmd_buildtime(args) -> int:
+    from . import buildtime
+    rows = buildtime.run(args.families or None, flavor="cuda" if (env.has_gpu() or args.cuda) else "cpu",
+                         record=not args.dry)
+    print(buildtime.table(rows))
+    return 0
+
+
 def cmd_report(args) -> int:
     """The main job. Builds everything first (in parallel), then per family: check, bench, plot."""
     from . import report
@@ -178,6 +221,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
+
+    def isolate_args(sp, timeout):
+        sp.add_argument("--isolate", action="store_true", help="run each version in a worker process: a crash or "
+                        "hang is that version's result, not the end of the run")
+        sp.add_argument("--timeout", type=float, default=timeout, help=f"seconds per version with --isolate "
+                        f"(default {timeout})")
 
     def common(sp, device_default=None):
         sp.add_argument("families", nargs="*", help="family names (default: all)")
@@ -198,8 +247,10 @@ def main(argv=None) -> int:
     sp.add_argument("--lean", action="store_true", help="float64 references on the CPU, no baseline run: only the "
                     "versions' own kernels launch on the GPU (for compute-sanitizer)")
     sp.add_argument("-v", "--verbose", action="store_true")
+    isolate_args(sp, 60)
     sp = sub.add_parser("bench", help="time versions and baselines")
     common(sp)
+    isolate_args(sp, 300)
     sp.add_argument("--extra", action="append", help="only these extra benchmarks (without --op: no op sweeps)")
     sp.add_argument("--dry", action="store_true", help="do not append to results/results.csv")
     sp = sub.add_parser("profile", help="profiler tables and traces")
@@ -209,9 +260,21 @@ def main(argv=None) -> int:
     sp.add_argument("families", nargs="*")
     sp.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
     sp.add_argument("--no-bench", action="store_true")
+    sp = sub.add_parser("watch", help="rebuild, check and time on every save (Ctrl-C stops)")
+    sp.add_argument("family")
+    sp.add_argument("--op", help="one op of the family (default: all)")
+    sp.add_argument("--version", action="append", help="only these versions (repeatable)")
+    sp.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    sp.add_argument("--no-isolate", action="store_true", help="check and time in this process (no worker)")
+    sp.add_argument("--timeout", type=float, default=60.0, help="seconds per version (default 60)")
+    sp = sub.add_parser("buildtime", help="measure the edit-and-rerun loop into results/build_times.csv")
+    sp.add_argument("families", nargs="*")
+    sp.add_argument("--cuda", action="store_true", help="the CUDA flavor without a GPU (needs TORCH_CUDA_ARCH_LIST)")
+    sp.add_argument("--dry", action="store_true", help="do not append to results/build_times.csv")
     args = p.parse_args(argv)
     handler = {"list": cmd_list, "build": cmd_build, "check": cmd_check, "bench": cmd_bench,
-               "profile": cmd_profile, "plot": cmd_plot, "report": cmd_report}[args.cmd]
+               "profile": cmd_profile, "plot": cmd_plot, "report": cmd_report, "watch": cmd_watch,
+               "buildtime": cmd_buildtime}[args.cmd]
     try:
         return handler(args)
     except build.BuildError as e:

@@ -36,6 +36,7 @@ def toy(tmp_path, monkeypatch):
     cu.mkdir()
     (cpp / "toy.cpp").write_text(TOY_CPP)
     (cpp / "toy.h").write_text(TOY_H)
+    monkeypatch.setattr(env, "SRC_ROOT", tmp_path)
     monkeypatch.setattr(env, "CPP_SRC", cpp)
     monkeypatch.setattr(env, "CUDA_SRC", cu)
     monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path / "cache"))
@@ -94,7 +95,8 @@ def test_compile_error_names_real_file_and_line_then_fix_rebuilds(toy):
 
 
 def test_missing_family_is_a_clear_error(toy):
-    with pytest.raises(build.BuildError, match=r"no source .*nope\.cpp; families on disk: toy"):
+    with pytest.raises(build.BuildError, match=r"no source cpp_src/nope/nope\.cpp \(or cpp_src/nope\.cpp\); "
+                                               r"families on disk: toy"):
         build.load("nope", "cpu", verbose=False, max_age=0)
 
 
@@ -177,3 +179,181 @@ def test_cuda_flavor_edit_rebuilds_only_what_changed(toy):
     _edit(cu, "return 8;", "return 8 +;")
     with pytest.raises(build.BuildError, match=r"toy\.cu[:(]3"):
         build.load("toy", "cuda", verbose=False, max_age=0)
+
+
+# ---- the unit layout: a binding plus units, each its own build ---------------------------------------------------
+# A toy folder family without torch headers (each build takes a second or two): the binding keeps its own launcher
+# table (the real families use lab_common.h's, exercised by their own tests).
+TOYU_BINDING = textwrap.dedent("""\
+    #include <pybind11/pybind11.h>
+    #include <pybind11/stl.h>
+    #include <cstdint>
+    #include <stdexcept>
+    #include <string>
+    #include <unordered_map>
+    #include <vector>
+    #include "lab_unit.h"
+    static std::unordered_map<std::string, void*>& table() { static std::unordered_map<std::string, void*> t; return t; }
+    int call(const std::string& name, int x) {
+      auto it = table().find(name);
+      if (it == table().end()) throw std::runtime_error("kernel '" + name + "' is not loaded");
+      return reinterpret_cast<int (*)(int)>(it->second)(x);
+    }
+    int binding_version() { return 1; }
+    PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+      m.def("call", &call);
+      m.def("binding_version", &binding_version);
+      m.def("_lab_register", [](const std::unordered_map<std::string, uintptr_t>& f, bool clear) {
+        if (clear) table().clear();
+        for (auto& kv : f) table()[kv.first] = reinterpret_cast<void*>(kv.second);
+      });
+      m.def("_lab_launchers", [] { std::vector<std::string> v; for (auto& kv : table()) v.push_back(kv.first); return v; });
+      m.def("_lab_cpu_runtime", [] { return uintptr_t(0); });  // no thread pool: lab::parallel_for runs serially
+    }
+    """)
+TOYU_CPU = textwrap.dedent("""\
+    #include "lab_unit.h"
+    #include "toyu_shared.h"
+    int value(int x) {
+      int s = 0;
+      lab::parallel_for(0, 10, 1, [&](int64_t lo, int64_t hi) { s += int(hi - lo); });
+      return x * s + TOYU_OFFSET;
+    }
+    LAB_CPU_UNIT()
+    LAB_EXPORTS(LAB_EXPORT("value", value))
+    """)
+TOYU_VAR = textwrap.dedent("""\
+    // lab:variants k=a,b
+    #include "lab_unit.h"
+    #ifdef LAB_VARIANT_k_a
+    int kind(int x) { return x + 100; }
+    #else
+    int kind(int x) { return x + 200; }
+    #endif
+    LAB_EXPORTS(LAB_EXPORT("kind", kind))
+    """)
+
+
+@pytest.fixture
+def toyu(tmp_path, monkeypatch):
+    cpp, cu = tmp_path / "cpp_src", tmp_path / "cuda_src"
+    (cpp / "toyu").mkdir(parents=True)
+    cu.mkdir()
+    (cpp / "lab_unit.h").write_text((ROOT / "cpp_src" / "lab_unit.h").read_text())
+    (cpp / "toyu" / "toyu.cpp").write_text(TOYU_BINDING)
+    (cpp / "toyu" / "cpu.cpp").write_text(TOYU_CPU)
+    (cpp / "toyu" / "var.cpp").write_text(TOYU_VAR)
+    (cpp / "toyu" / "toyu_shared.h").write_text("#pragma once\n#define TOYU_OFFSET 1\n")
+    monkeypatch.setattr(env, "SRC_ROOT", tmp_path)
+    monkeypatch.setattr(env, "CPP_SRC", cpp)
+    monkeypatch.setattr(env, "CUDA_SRC", cu)
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LAB_PCH", "0")
+    monkeypatch.delenv("LAB_ONLY", raising=False)
+    return tmp_path
+
+
+def _compiled_during(fn) -> set[str]:
+    build._unit_build_seconds.clear()
+    fn()
+    return set(build._unit_build_seconds)
+
+
+def test_units_are_built_apart_and_handed_to_the_binding(toyu):
+    s = build.spec("toyu", "cpu")
+    assert [t.display for t in s.units] == ["cpp_src/toyu/cpu.cpp", "cpp_src/toyu/var.cpp [a]",
+                                           "cpp_src/toyu/var.cpp [b]"]
+    m = build.load("toyu", "cpu", verbose=False)
+    assert m.call("value", 4) == 41                                      # 4 * 10 + 1 through the unit's pointer
+    assert (m.call("kind@a", 1), m.call("kind@b", 1)) == (101, 201)     # one build per variant
+    assert build.exports("toyu", "cpu") == {"value": "cpp_src/toyu/cpu.cpp", "kind@a": "cpp_src/toyu/var.cpp [a]",
+                                            "kind@b": "cpp_src/toyu/var.cpp [b]"}
+
+
+def test_an_edit_rebuilds_exactly_what_depends_on_it(toyu):
+    m = build.load("toyu", "cpu", verbose=False)
+    d = toyu / "cpp_src" / "toyu"
+    # a unit: only that unit is compiled, the binding module stays the same object; the save is seen at once
+    _edit(d / "cpu.cpp", "x * s + TOYU_OFFSET", "x * s + TOYU_OFFSET + 1")
+    assert _compiled_during(lambda: build.load("toyu", "cpu", verbose=False)) == {"cpp_src/toyu/cpu.cpp"}
+    assert build.load("toyu", "cpu", verbose=False) is m and m.call("value", 4) == 42
+    # a header: the units that include it, nothing else
+    _edit(d / "toyu_shared.h", "TOYU_OFFSET 1", "TOYU_OFFSET 5")
+    assert _compiled_during(lambda: build.load("toyu", "cpu", verbose=False)) == {"cpp_src/toyu/cpu.cpp"}
+    assert m.call("value", 4) == 46
+    # one variant's code: both variants of that unit (they share the file), not the other unit
+    _edit(d / "var.cpp", "return x + 200;", "return x + 300;")
+    assert _compiled_during(lambda: build.load("toyu", "cpu", verbose=False)) == {"cpp_src/toyu/var.cpp [a]",
+                                                                                  "cpp_src/toyu/var.cpp [b]"}
+    assert (m.call("kind@a", 1), m.call("kind@b", 1)) == (101, 301)
+    # the binding: a new module, and every unit registered into it without being rebuilt
+    _edit(d / "toyu.cpp", "return 1; }", "return 2; }")
+    assert _compiled_during(lambda: build.load("toyu", "cpu", verbose=False)) == {"cpp_src/toyu/toyu.cpp"}
+    m2 = build.load("toyu", "cpu", verbose=False)
+    assert m2 is not m and m2.binding_version() == 2 and m2.call("value", 4) == 46
+    # a new unit file is picked up by the next call
+    (d / "extra.cpp").write_text('#include "lab_unit.h"\nint extra(int x) { return -x; }\n'
+                                 'LAB_EXPORTS(LAB_EXPORT("extra", extra))\n')
+    assert build.load("toyu", "cpu", verbose=False).call("extra", 3) == -3
+
+
+def test_a_unit_build_error_keeps_the_last_good_build(toyu):
+    m = build.load("toyu", "cpu", verbose=False)
+    src = toyu / "cpp_src" / "toyu" / "cpu.cpp"
+    _edit(src, "return x * s + TOYU_OFFSET;", "return x * s + TOYU_OFFSET + undefined_name;")
+    with pytest.raises(build.BuildError) as ei:
+        build.load("toyu", "cpu", verbose=False)
+    first = str(ei.value).splitlines()[0]
+    assert "cpp_src/toyu/cpu.cpp:6: error:" in first                 # path:LINE: error:, the real file
+    assert "undefined_name" in str(ei.value)                          # the offending line is shown
+    assert m.call("value", 4) == 41                                   # the old unit is still what runs
+
+
+def test_only_builds_the_variants_named(toyu):
+    s = build.spec("toyu", "cpu", only={"k": "a"})
+    assert [t.display for t in s.units] == ["cpp_src/toyu/cpu.cpp", "cpp_src/toyu/var.cpp [a]"]
+    assert s.filtered == ["cpp_src/toyu/var.cpp [b]"]
+    m = build.load("toyu", "cpu", verbose=False, only="k=a")
+    assert m.call("kind@a", 1) == 101
+    with pytest.raises(RuntimeError, match="kind@b"):
+        m.call("kind@b", 1)
+    with pytest.raises(ValueError, match="key=value"):
+        build.parse_only("k")
+
+
+def test_bad_variants_line_is_a_clear_error(toyu):
+    _edit(toyu / "cpp_src" / "toyu" / "var.cpp", "k=a,b", "k=a,b-c")
+    with pytest.raises(build.BuildError, match=r"var\.cpp: cannot read '// lab:variants"):
+        build.spec("toyu", "cpu")
+
+
+def test_leftover_compilers_of_a_killed_build_are_waited_for_then_stopped(toyu, tmp_path):
+    bdir = tmp_path / "fake-build"
+    bdir.mkdir()
+    p = subprocess.Popen(["sleep", "60"], cwd=bdir)        # stands in for ninja/nvcc of a killed build
+    try:
+        assert p.pid in [pid for pid, _ in build.leftover_processes(bdir)]
+        t0 = time.monotonic()
+        build._settle_leftovers(bdir, "toy", verbose=False, wait_s=0.5)
+        assert p.wait(timeout=10) is not None and time.monotonic() - t0 < 10
+        assert build.leftover_processes(bdir) == []
+    finally:
+        p.kill()
+
+
+def test_compiler_errors_have_one_form():
+    src = ROOT / "cpp_src" / "lab_unit.h"
+    nvcc = f"{src}(3): error: identifier \"x\" is undefined\n"
+    gcc = f"{src}:3:7: error: 'x' was not declared in this scope\n"
+    for log in (nvcc, gcc):
+        msg = build.summarize_log(log)
+        head = msg.splitlines()[0]
+        assert head.startswith("cpp_src/lab_unit.h:3: error: "), head
+        assert src.read_text().splitlines()[2].rstrip() in msg           # the source line, marked
+    assert build.summarize_log(gcc).splitlines()[2].endswith("^")       # g++ gives a column: a caret under it
+
+
+def test_old_torch_is_refused_with_the_floor():
+    with pytest.raises(build.BuildError, match=r"torch 2\.3\.1 is too old.*>= "):
+        build.check_torch("2.3.1")
+    build.check_torch(torch.__version__)

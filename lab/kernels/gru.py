@@ -1,7 +1,9 @@
 """GRU forward (torch.nn.GRU, gates r, z, n): the C++ CPU version, CUDA v1 / v2 / v3, and cuDNN as the baseline;
 plus the pieces of the seq2seq decoder step that runs without torch.cat (lab/models/seq2seq.py).
 
-Sources: cuda_src/gru.cu (kernels, launchers, the napkin math), cpp_src/gru.cpp (bindings, named checks, CPU code).
+Sources: cuda_src/gru/ (gru.cuh: the header with the napkin math; gates.cu, v3.cu (v3 and v4, built per dtype and
+rows-per-pass variant), decoder.cu: kernels and launchers), cpp_src/gru/gru.cpp (the binding, named checks),
+cpp_src/gru/cpu.cpp (the C++ CPU code).
 
     out, h_n = gru(x, h0, params, version="v3")
     # x: (seq_len, batch, input_size); h0: (num_layers, batch, hidden) or None (zeros);
@@ -51,7 +53,7 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
     """
     params = list(params)
     if out is None:
-        # shapes only; every argument is checked, with its name, in cpp_src/gru.cpp
+        # shapes only; every argument is checked, with its name, in cpp_src/gru/gru.cpp
         L = len(params) // 4
         H = params[1].shape[1] if len(params) > 1 and params[1].dim() == 2 else 0
         T, B = (x.shape[0], x.shape[1]) if x.dim() == 3 else (0, 0)

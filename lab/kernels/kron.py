@@ -8,8 +8,8 @@ the (f_K, …, f_1) array (row-major: f_1 is the fastest axis); then
 which is `x @ torch.kron(W_K, torch.kron(…, W_1))` (the tests check exactly that) without the N×N matrix: each factor
 multiplies along its own axis, N·f_k FMAs per sample instead of N².
 
-Sources: cuda_src/kron.cu (v3, v4 and the algebra of the steps), cpp_src/kron.cpp (bindings, checks, the C++ CPU
-version). Versions:
+Sources: cuda_src/kron/ (kron.cuh: the algebra of the steps and what the units share; v3.cu, v4.cu, backward.cu),
+cpp_src/kron/ (kron.cpp: bindings and checks; cpu.cpp: the C++ CPU version). Versions:
   cpu   C++ with at::parallel_for (the same steps as the CUDA code)
   v1    PyTorch, naive: per factor reshape / matmul / movedim (every reshape of the moved view copies)
   v2    PyTorch: one strided-batched GEMM per factor, the axis move folded into the operand layout (no copies)
@@ -33,7 +33,7 @@ from ..registry import Family, Op, Version, register, version_number
 from ._common import elem_size, randn, strict_fp32
 
 FAMILY = "kron"
-MAX_FACTORS = 16  # as in cuda_src/kron.cu
+MAX_FACTORS = 16  # as in cuda_src/kron/kron.cuh
 KERNELS = ("cpu", "v3", "v4")
 TORCH_VERSIONS = ("v1", "v2", "full")
 
@@ -152,7 +152,8 @@ def kron_v2(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
     """One strided-batched GEMM per factor, W_K first: y_b (P, f) = x_b (f, P)ᵀ · W, written row-major.
 
     x_b's transpose is a view cuBLAS reads as a transposed operand, W is broadcast with batch stride 0, and the GEMM's
-    row-major output is already the next factor's input: no copies between the K GEMMs (the order of cuda_src/kron.cu).
+    row-major output is already the next factor's input: no copies between the K GEMMs (the order of
+    cuda_src/kron/v3.cu).
     """
     B, N = x.shape
     with strict_fp32():
@@ -204,7 +205,7 @@ def backward(g: torch.Tensor, x: torch.Tensor, factors: Sequence[torch.Tensor], 
 
 class KronFunction(torch.autograd.Function):
     """autograd for the compiled versions: forward saves the K-1 intermediate states, backward runs the dW and dx
-    steps of cuda_src/kron.cu (cpp_src/kron.cpp on the CPU)."""
+    steps of cuda_src/kron/backward.cu (cpp_src/kron/cpu.cpp on the CPU)."""
 
     @staticmethod
     def forward(ctx, x, version, cfg, cols, *factors):

@@ -1,6 +1,8 @@
 """nn.Linear's forward, y = x·Wᵀ + b: an SGEMM ladder from the naive loop to Hopper's wgmma, and a batch-1 GEMV.
 
-Sources: cuda_src/linear.cu (kernels, launchers), cpp_src/linear.cpp (bindings, named checks, the C++ CPU version).
+Sources: cuda_src/linear/ (one unit per version, or per versions sharing a kernel template: v1.cu .. v7.cu, v8_v9.cu,
+v10_v11.cu, v12_v13.cu, v14.cu, fill.cu; linear.cuh holds the ladder's header comment and the shared helpers),
+cpp_src/linear/linear.cpp (binding, named checks), cpp_src/linear/cpu.cpp (the C++ CPU version).
 `linear(x, weight, bias, version=...)` takes nn.Linear's weight, (out_features, in_features), as stored; x may have
 any number of leading dims. Versions: 'cpu' (C++), 'v1'..'v9' (SIMT fp32), 'v10'/'v12' (TF32 tensor cores on fp32
 tensors), 'v11'/'v13' (bf16 tensor cores on bf16 tensors), 'v14' (GEMV, small batch).
@@ -23,7 +25,7 @@ from ._common import matmul_tf32, strict_fp32
 FAMILY = "linear"
 FC_OUT = {"K": 1280, "N": 5893}  # the decoder's fc_out: hidden 1280 -> vocabulary 5893
 
-# version -> what it adds over the one before (the .cu header says why)
+# version -> what it adds over the one before (the header comment of cuda_src/linear/linear.cuh says why)
 IDEAS = {
     "v1": "naive: one thread per output, K-loop from global memory",
     "v2": "coalesced: one warp per output, lanes stride K (128-B loads), shuffle reduction",
@@ -184,8 +186,9 @@ def kernel_report() -> list[dict]:
                            "local": int(m.group(5))}
     cuobjdump = shutil.which("cuobjdump") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin",
                                                             "cuobjdump")
-    sass = subprocess.run([cuobjdump, "-sass", str(build.spec(FAMILY, "cuda").artifact)], capture_output=True,
-                          text=True).stdout
+    # the kernels live in the CUDA units (one library per unit and variant), not in the binding
+    sass = "".join(subprocess.run([cuobjdump, "-sass", str(t.artifact)], capture_output=True, text=True).stdout
+                   for t in build.spec(FAMILY, "cuda").units if t.kind == "cuda")
     bodies = {}
     for chunk in sass.split("Function : ")[1:]:
         name, _, body = chunk.partition("\n")

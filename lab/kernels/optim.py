@@ -1,7 +1,9 @@
 """Optimising the optimizer: a multi-tensor-apply Adam / AdamW, horizontal fusion measured against PyTorch's.
 
-Sources: cuda_src/optim.cu (kernels, launchers), cpp_src/optim.cpp (bindings, named checks, the C++ CPU version),
-cuda_src/optim_attempts/ (standalone programs: the pointer-passing attempts that fail, built and run in a subprocess).
+Sources: cuda_src/optim/ (one unit per version: byvalue.cu v1/v2, v3.cu, v4.cu; table.cu the table upload;
+optim.cuh what they share: the update, the quad loads, the table layout), cpp_src/optim/optim.cpp (binding, named
+checks, the plan), cpp_src/optim/cpu.cpp (the C++ CPU version), cuda_src/optim_attempts/ (standalone programs: the
+pointer-passing attempts that fail, built and run in a subprocess).
 
 An optimizer step touches every parameter tensor; one kernel per tensor per operation is launch-bound. One kernel
 for all tensors needs their addresses in the kernel, and the versions differ in how the list gets there:

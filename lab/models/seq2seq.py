@@ -7,7 +7,7 @@ the same model with the lab's kernels swapped in, loading the same weights (`Lab
     Greedy    context -> hidden; token = <sos>; repeat: logits, hidden = decoder(token, hidden, context);
               token = argmax(logits)
 
-What the lab model changes (lab/kernels/gru.py, cuda_src/gru.cu):
+What the lab model changes (lab/kernels/gru.py, cuda_src/gru/: decoder.cu, gates.cu, v3.cu):
 - the encoder GRU is the lab's `gru` (v3, the persistent kernel, on the GPU; the C++ version on the CPU);
 - the decoder step has no torch.cat. Its weights are split by what they multiply:
     GRU input projection  W_ih [emb | ctx] + b_ih = (E_dec W_ih_emb^T)[token] + (ctx W_ih_ctx^T + b_ih)

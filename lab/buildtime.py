@@ -1,0 +1,175 @@
+"""The edit-and-rerun benchmark: how long a person waits after saving a source, per family and per kind of edit.
+
+    python -m lab buildtime [FAMILY ...]      # rows into results/build_times.csv, a table on stdout
+
+Everything runs on a scratch copy of cpp_src/ and cuda_src/ with an empty build cache, in fresh processes, so the
+repository's files and cache are untouched and nothing is warm that a new user would not have warm:
+
+- import_lab_over_torch   `import lab` after `import torch`, in a new process (what lab adds)
+- cold_build_all          every family from an empty cache, in one process (the units build in parallel)
+- cached_load_new_process `lab.load(family)` in a new process once everything is cached
+- edit_unit               a one-line edit of one unit (each CUDA unit of the family, and its CPU unit), then
+                          `lab.load(family)` in the same process: the rebuild + reload a notebook user waits for
+- edit_shared_header      the family's shared device header (cuda_src/<family>/<family>.cuh)
+- edit_binding            the binding (cpp_src/<family>/<family>.cpp)
+- edit_lab_common         cpp_src/lab_common.h (every binding includes it)
+
+Each edit waits 1 s after the previous step (as a person would: mtimes differ), appends a comment line, and times
+the next `load` (max_age=0). A comment changes the content key exactly as a code edit does, so the compile is real.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import env
+
+COLUMNS = ["family", "flavor", "event", "target", "seconds", "device_name", "cpus", "torch", "commit", "timestamp"]
+
+_IMPORT = r"""
+import json, time
+t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); import lab; t2 = time.perf_counter()
+print("LAB_TIMES", json.dumps({"import_torch": t1 - t0, "import_lab_over_torch": t2 - t1}))
+"""
+
+_COLD = r"""
+import json, sys, time
+from lab import build
+fams, flavor = json.loads(sys.argv[1]), sys.argv[2]
+t0 = time.perf_counter()
+res = build.build_all(fams, flavor, verbose=True)
+dt = time.perf_counter() - t0
+bad = {f: str(r) for f, r in res.items() if isinstance(r, build.BuildError)}
+build.wait_for_pch()
+print("LAB_TIMES", json.dumps({"cold_build_all": dt, "failed": bad}))
+"""
+
+_LOAD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import lab
+t1 = time.perf_counter()
+lab.load(sys.argv[1], sys.argv[2], verbose=False)
+print("LAB_TIMES", json.dumps({"cached_load_new_process": time.perf_counter() - t1}))
+"""
+
+_EDITS = r"""
+import json, sys, time
+from pathlib import Path
+from lab import build, env
+family, flavor, edits = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+build.load(family, flavor, verbose=False)
+out = []
+for event, rel in edits:
+    p = env.SRC_ROOT / rel
+    time.sleep(1.0)
+    p.write_text(p.read_text() + "\n// edited by lab.buildtime\n")
+    t0 = time.perf_counter()
+    build.load(family, flavor, verbose=False, max_age=0)
+    out.append([event, rel, time.perf_counter() - t0])
+    build.wait_for_pch()
+print("LAB_TIMES", json.dumps(out))
+"""
+
+
+def _probe(code: str, args: list[str], penv: dict, timeout: float = 1800) -> dict | list:
+    r = subprocess.run([sys.executable, "-c", code, *args], env=penv, capture_output=True, text=True,
+                       timeout=timeout)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("LAB_TIMES ")]
+    if r.returncode or not line:
+        raise RuntimeError(f"build-time probe failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return json.loads(line[-1][len("LAB_TIMES "):])
+
+
+def edits_for(family: str, flavor: str, src: Path) -> list[tuple[str, str]]:
+    """(event, path relative to the source root) of every edit the benchmark makes for `family`."""
+    cpp, cu = src / "cpp_src", src / "cuda_src"
+    out: list[tuple[str, str]] = []
+    if (cpp / family / f"{family}.cpp").exists():
+        if flavor == "cuda":
+            out += [("edit_unit", f"cuda_src/{family}/{p.name}") for p in sorted((cu / family).glob("*.cu"))]
+            if (cu / family / f"{family}.cuh").exists():
+                out.append(("edit_shared_header", f"cuda_src/{family}/{family}.cuh"))
+        out += [("edit_unit", f"cpp_src/{family}/{p.name}") for p in sorted((cpp / family).glob("*.cpp"))
+                if p.stem != family]
+        out.append(("edit_binding", f"cpp_src/{family}/{family}.cpp"))
+    else:
+        if flavor == "cuda" and (cu / f"{family}.cu").exists():
+            out.append(("edit_unit", f"cuda_src/{family}.cu"))
+        out.append(("edit_binding", f"cpp_src/{family}.cpp"))
+    if (cpp / "lab_common.h").exists():
+        out.append(("edit_lab_common", "cpp_src/lab_common.h"))
+    return out
+
+
+def run(families: list[str] | None = None, flavor: str | None = None, record: bool = True,
+        verbose: bool = True) -> list[dict]:
+    from . import build
+    flavor = flavor or build.default_flavor()
+    fams = families or build.families_on_disk()
+    stamp = env.machine()
+    rows: list[dict] = []
+
+    def add(family, event, target, seconds):
+        rows.append({"family": family, "flavor": flavor, "event": event, "target": target,
+                     "seconds": round(float(seconds), 3), "device_name": stamp["device_name"],
+                     "cpus": os.cpu_count(), "torch": stamp["torch"], "commit": stamp["commit"],
+                     "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        if verbose:
+            print(f"[lab] buildtime {family:<8} {event:<24} {target:<34} {seconds:7.2f} s", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="lab-buildtime-") as tmp:
+        src = Path(tmp) / "src"
+        shutil.copytree(env.CPP_SRC, src / "cpp_src")
+        shutil.copytree(env.CUDA_SRC, src / "cuda_src")
+        penv = {**os.environ, "LAB_CACHE_DIR": str(Path(tmp) / "cache"), "LAB_SRC_ROOT": str(src),
+                "PYTHONPATH": os.pathsep.join([str(env.ROOT), os.environ.get("PYTHONPATH", "")])}
+        penv.pop("LAB_ONLY", None)
+        if verbose:
+            print(f"[lab] buildtime: {', '.join(fams)} ({flavor}) on a scratch copy in {tmp}", flush=True)
+        imp = _probe(_IMPORT, [], penv)
+        add("(all)", "import_torch", "", imp["import_torch"])
+        add("(all)", "import_lab_over_torch", "", imp["import_lab_over_torch"])
+        if verbose:
+            print("[lab] buildtime: cold build of every family (empty cache) ...", flush=True)
+        cold = _probe(_COLD, [json.dumps(fams), flavor], penv)
+        if cold["failed"]:
+            raise RuntimeError(f"cold build failed: {cold['failed']}")
+        add("(all)", "cold_build_all", ",".join(fams), cold["cold_build_all"])
+        for fam in fams:
+            add(fam, "cached_load_new_process", "", _probe(_LOAD, [fam, flavor], penv)["cached_load_new_process"])
+            if verbose:
+                print(f"[lab] buildtime: editing {fam} ...", flush=True)
+            for event, target, sec in _probe(_EDITS, [fam, flavor, json.dumps(edits_for(fam, flavor, src))], penv):
+                add(fam, event, target, sec)
+    if record:
+        append(rows)
+    return rows
+
+
+def append(rows: list[dict], path: Path | None = None) -> Path:
+    """Append to results/build_times.csv, first rewriting a table of the older schema (no `target` column)."""
+    from . import results
+    path = path or env.RESULTS / "build_times.csv"
+    if path.exists():
+        with open(path, newline="") as fh:
+            r = csv.DictReader(fh)
+            if r.fieldnames and r.fieldnames != COLUMNS:
+                old = [{k: row.get(k, "") for k in COLUMNS} for row in r]
+                path.unlink()
+                results.append(old, path, COLUMNS)
+    return results.append(rows, path, COLUMNS)
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'family':<9} {'event':<24} {'target':<36} {'seconds':>8}"]
+    for r in rows:
+        lines.append(f"{r['family']:<9} {r['event']:<24} {r['target'] or '':<36} {r['seconds']:8.2f}")
+    return "\n".join(lines)
