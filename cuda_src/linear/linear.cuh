@@ -1,0 +1,193 @@
+// linear — nn.Linear's forward, y = x · Wᵀ + b, as a ladder of GEMM kernels from the naive loop to Hopper's
+// tensor cores, plus a batch-1 GEMV for the decoder's output layer.
+//
+//   x: (M, K) row-major (the binding flattens leading dims: M = batch·seq), W: (N, K) row-major — nn.Linear.weight
+//   (out_features, in_features) read in place, never transposed or copied —, b: (N,) or null, y: (M, N).
+//   reference: torch.nn.functional.linear (float64 in the checks; cuBLAS at the same precision in the benchmarks).
+//   Both operands are K-contiguous (BLAS "TN"): a coalesced load walks K, so every tiled kernel stores its x and W
+//   tiles K-major-transposed in shared memory (SIMT) or reads them K-major (tensor cores, which want exactly this).
+//
+// Versions (each adds one idea to the one before; all are kept and all take any size):
+//   v1: naive — one thread per y element, K-loop from global memory; a warp's W load touches 32 rows (32 sectors).
+//   v2: coalesced — one warp per y element: lanes stride K together, so each load is one 128-B line of x and of W;
+//       a shuffle reduction at the end. Still 2 loads per FMA, all from L2.
+//   v3: shared-memory tiles — 32x32 tiles of x and W staged once per K-step, each element reused 32 times.
+//   v4: 1D register blocking — 64x64 tile, BK=8, each thread computes 8 outputs down a column: one W value read
+//       from shared memory feeds 8 FMAs.
+//   v5: 2D register blocking — 128x128 tile, each thread an 8x8 block: 16 shared loads per 64 FMAs. (nvcc already
+//       fuses the 8 scalar shared loads of a row into 2 LDS.128 here: it can prove the 16-B alignment.)
+//   v6: vectorised — 16-byte global loads along K, transposed into shared memory on the way in (4 LDS.128 per 64
+//       FMAs, as v5 compiles to). Needs K % 4 == 0 and 16-byte aligned rows; otherwise it loads scalars.
+//   v7: warp tiling — lanes laid out 8x4 over a 64x32 warp tile, a thread's 8x8 block split into quads 32 rows /
+//       16 columns apart, so each LDS.128 of a warp reads one contiguous 128-B (or 64-B) run: no bank conflicts
+//       (v5/v6 read W quads 32 B apart across lanes: 2- to 4-way conflicts).
+//   v8: asynchronous copies — cp.async moves the tiles global -> shared in the background into a 4-stage ring, so
+//       tile t+3 is in flight while tile t's FMAs run, no registers hold it, one barrier per tile. Any K, any
+//       alignment (4-byte copies, zero-filled).
+//   v9: a bigger thread tile — 8x16 outputs per thread, 4 warps of 64x64 on the 128x128 tile (128 threads):
+//       6 LDS.128 feed 128 FMAs (v8: 4 feed 64), and half as many threads share the copy and index work.
+//   v10: tensor cores, TF32 — mma.sync.m16n8k8 on operands rounded to TF32 (10-bit mantissa, cvt.rna), fragments
+//        by ldmatrix from padded shared rows (conflict-free), a 4-stage cp.async pipeline; fp32 accumulate.
+//   v11: tensor cores, bf16 — the same kernel on bf16 operands (mma.sync.m16n8k16): half the bytes per operand
+//        and twice the MMA rate of TF32.
+//   v12: Hopper wgmma, TF32 — a warpgroup issues asynchronous 64x256x8 MMAs that read both operands from shared
+//        memory in the 128-B swizzled layout TMA writes; one producer warp drives TMA (cp.async.bulk.tensor) through
+//        4 mbarrier-guarded stages while two consumer warpgroups compute a 128x256 tile. The tensor core reads the
+//        fp32 bits and drops the low 13 mantissa bits (truncation; v10 rounds): ~2.6x the rounding error of TF32,
+//        still 5x inside the TF32 tolerance. Needs K·4 % 16 == 0 (TMA's stride rule), else it runs v10's kernel.
+//   v13: Hopper wgmma, bf16 — v12 on bf16 (64x256x16 MMAs); K % 8 == 0, otherwise v11's kernel.
+//   v14: GEMV for small M (the decoder's fc_out at batch 1): one warp per W row, all of a lane's 16-byte loads of
+//        the row in flight at once, x in shared memory, one wave of blocks; memory-bound: the goal is copy
+//        bandwidth on the weight.
+// All tiled versions visit tiles in groups of 8 block-rows (consecutive blocks share W tiles in L2) on a 1-D grid.
+// K == 0: y = b (or 0), written by a fill kernel.
+//
+// Napkin math (H100 SXM; datasheet rates are leads, the lab measures its own ceilings):
+//   4096^3: 2·4096^3 = 137 GFLOP; bytes 3·64 MiB = 201 MB -> 0.07 ms at 2968 GB/s, so compute-bound by ~40x.
+//   FP32 SIMT peak 132 SMs · 128 FMA/clk · 2 · 1.98 GHz = 66.9 TFLOP/s; cuBLAS fp32 51.1 as measured in issue 4 (76%).
+//   v7/v8's inner step per thread: 4 LDS.128 + 64 FFMA, so at best 94% of issue slots are FMAs; v8's main loop
+//   (SASS) issues 512 FFMA, 32 LDS.128, 8 LDGSTS and ~45 other instructions per tile: ~87% FMAs. v9: 6 LDS.128
+//   per 128 FFMA (96%), 1024 FFMA per 16 LDGSTS per tile.
+//   Tensor cores (dense, datasheet): TF32 495, bf16 989 TFLOP/s; cuBLAS 363 and 754 (issue 4).
+//   fc_out at batch 1: W is 5893·1280·4 B = 30.2 MB -> 10.2 us at 2968 GB/s; 85% of copy is 12.0 us.
+//
+// Measured (H100 80GB HBM3, torch 2.11 + CUDA 13.0, 2026-11-22, medians with the L2 flushed; before v9 was added and
+// v14 was reworked, with today's v10..v13 then numbered v9..v12):
+//   4096^3 fp32 (TFLOP/s): cuBLAS 50.9 | v1 0.50, v2 1.65, v3 7.2, v4 12.7, v5 28.1, v6 34.0, v7 39.0, v8 41.1 (81%).
+//   4096^3 TF32: cuBLAS 338 | v10 mma.sync 116 (34%), v12 wgmma 326 (96%).
+//   4096^3 bf16: cuBLAS 776 | v11 mma.sync 277 (36%), v13 wgmma 624 (80%).
+//   fc_out batch 1: cuBLAS 21.6 us (1402 GB/s), first GEMV 18.9 us (1602 GB/s = 53% of the 3000 GB/s copy).
+//   fc_out batch 128: cuBLAS fp32 80.9 us, v8 161, v10 70.3, v12 34.4 us (cuBLAS TF32 40.4).
+// Goals: wgmma TF32 96% and bf16 80% of cuBLAS (goal 70%): met. Best SIMT 81% of cuBLAS (goal 90%): missed by 9
+// points. Nsight Compute at 4096^3 (commit f66f57c, results/profiles/linear_sgemm_4096_ncu_*.csv; SM clock 1.98 GHz
+// under load, so the FP32 peak is 66.8 TFLOP/s and cuBLAS's 2.71 ms is 76% of it) says why. Instructions issued
+// (G) / of them FFMA: v8 2.62 / 83%, v9 2.47 / 87%, cuBLAS (sm80_xmma_gemm ... 128x128x8 stage3 ffma) 2.45 / 88%:
+// v9 issues what cuBLAS issues. The gap is issue rate: warps issued per scheduler per cycle v8 0.77, v9 0.72, cuBLAS
+// 0.90, at the same 2 warps per scheduler for v9 and cuBLAS (1.23 vs 1.50 eligible). Stall cycles per issued
+// instruction, v9 | cuBLAS: long scoreboard (waiting on cp.async data) 0.15 | 0.01, dispatch 0.22 | 0.10, wait
+// (fixed-latency dependences) 0.13 | 0.01, short scoreboard (shared loads) 0.36 | 0.32, barrier 0.11 | 0.08. v8
+// (4 warps per scheduler) loses most at its barrier (0.53) and in dispatch (0.54). So v9 does not lose to cuBLAS on
+// instruction count but on stalls: memory dependences (long scoreboard: global loads and cp.async data), dispatch
+// and fixed-latency waits. Which instructions stall (ncu's source-level sampling) is not examined yet.
+// Today's run (notebook 02 on the H100): v8 40.7 TFLOP/s = 80% of cuBLAS fp32, v12 91% of cuBLAS TF32, v13 82% of
+// cuBLAS bf16, v14 at fc_out batch 1 1620 GB/s = 54% of copy; the GEMV's shortfall is measured at v14 below.
+//
+// Units (each its own build, so an edit rebuilds one; see lab/build.py): this header holds what they all share (fp32
+// helpers, cp.async wrappers); simt.cuh the SIMT tile pieces of v4..v9; tc.cuh what the tensor-core units share (bf16,
+// the paired epilogue store, ldmatrix/mma.sync wrappers); wgmma.cuh the Hopper wrappers of v12/v13.
+//   v1.cu .. v7.cu   one version each                 v8_v9.cu     async_copy_warptile, built per version (variants)
+//   v10_v11.cu       v10_mma_sync, built per dtype     v12_v13.cu   v12_wgmma, built per dtype
+//   v14.cu           the GEMV                          fill.cu      K == 0: y = b
+// The binding (cpp_src/linear/linear.cpp) picks the launcher: nothing when M or N is 0, fill when K == 0, and
+// v10/v11's for v12/v13 when TMA cannot take the operands.
+// Launchers (exported to cpp_src/linear/linear.cpp, looked up by name there):
+//   cudaError_t (const T* x, const T* w, const T* b, T* y, int M, int N, int K, cudaStream_t), T = float or bf16
+//   (the binding passes at::BFloat16*, the same 16-bit layout); M, N, K > 0 (the binding handles the empty cases).
+#pragma once
+#include "lab_cuda.cuh"
+
+#include <cstdint>
+
+#include "lab_unit.h"
+
+namespace linear {
+
+// ---------------------------------------------------------------------------------------------------------------
+// Shared helpers
+// ---------------------------------------------------------------------------------------------------------------
+inline bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
+
+// Tile t of a 1-D grid -> (tile row, tile column), grouped 8 tile-rows at a time: the blocks resident together
+// cover 8 row-tiles of x and a band of W, so both stay in L2 (Triton's "grouped ordering").
+struct Tile { int m, n; };
+__device__ __forceinline__ Tile tile_of(int t, int tiles_m, int tiles_n) {
+  constexpr int G = 8;
+  const int per_group = G * tiles_n;
+  const int group = t / per_group;
+  const int first = group * G;
+  const int rows = min(tiles_m - first, G);
+  const int r = t - group * per_group;
+  return {first + r % rows, r / rows};
+}
+
+inline int64_t tiles(int M, int N, int bm, int bn) { return lab::ceil_div(M, bm) * lab::ceil_div(N, bn); }
+constexpr int64_t kMaxGrid = 2147483647;
+
+// y[m, n..n+3] = v + b[n..n+3] for the part of the quad inside (M, N); 16-byte store when allowed.
+__device__ __forceinline__ void store_quad(float* __restrict__ y, const float* __restrict__ b, int M, int N, int m,
+                                           int n, float4 v, bool vec) {
+  if (m >= M) return;
+  if (vec && n + 3 < N) {
+    if (b) {
+      const float4 bb = *reinterpret_cast<const float4*>(b + n);
+      v.x += bb.x; v.y += bb.y; v.z += bb.z; v.w += bb.w;
+    }
+    *reinterpret_cast<float4*>(y + int64_t(m) * N + n) = v;
+    return;
+  }
+  const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (n + i < N) y[int64_t(m) * N + n + i] = e[i] + (b ? b[n + i] : 0.f);
+}
+
+// What the launchers choose their paths by (forward_f32 / forward_bf16 computed these once for every version; now
+// each launcher asks for the ones it uses). 16-byte loads along K: K a multiple of 16 B and both bases aligned.
+inline bool vec_in(const float* x, const float* w, int K) { return K % 4 == 0 && aligned(x, 16) && aligned(w, 16); }
+// 16-byte (float4) stores of y and loads of b.
+inline bool vec4_out(const float* y, const float* b, int N) {
+  return N % 4 == 0 && aligned(y, 16) && (!b || aligned(b, 16));
+}
+// 2-element stores (tensor-core epilogues; the bf16 ones: tc.cuh).
+inline bool vec2_out(const float* y, const float* b, int N) {
+  return N % 2 == 0 && aligned(y, 8) && (!b || aligned(b, 8));
+}
+
+inline int device_major() {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// PTX wrappers: shared-memory addresses, cp.async, ldmatrix, mma.sync (sm_80+); mbarrier, TMA, wgmma (sm_90a).
+// (ldmatrix and mma.sync: tc.cuh; mbarrier, TMA and wgmma: wgmma.cuh.)
+// ---------------------------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define LAB_SM80 1
+#endif
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LAB_SM90A 1
+#endif
+
+// 16-byte async copy global -> shared; bytes < 16 zero-fills the rest (0: all zeros, nothing read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
+#ifdef LAB_SM80
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+#endif
+}
+// 4-byte async copy (cp.async.ca: the only variant for sizes 4 and 8); bytes = 0 writes a zero.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int bytes) {
+#ifdef LAB_SM80
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef LAB_SM80
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#ifdef LAB_SM80
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+
+}  // namespace linear

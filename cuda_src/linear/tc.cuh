@@ -1,0 +1,85 @@
+// linear/tc.cuh — what the tensor-core units (v10_v11.cu, v12_v13.cu) and the fill share (the ladder: linear.cuh):
+// bf16 and its conversions, the paired epilogue store, the ldmatrix and mma.sync wrappers. Apart from linear.cuh
+// because <cuda_bf16.h> costs every unit that includes it ~0.5 s of compile time.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "linear.cuh"
+
+namespace linear {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+template <class T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
+
+// y[m, n], y[m, n+1] = (v0, v1) + bias, in T; a 2-element store when allowed (tensor-core epilogues).
+template <class T>
+__device__ __forceinline__ void store_pair(T* __restrict__ y, const T* __restrict__ b, int M, int N, int m, int n,
+                                           float v0, float v1, bool vec) {
+  if (m >= M) return;
+  if (b) {
+    if (n < N) v0 += to_f(b[n]);
+    if (n + 1 < N) v1 += to_f(b[n + 1]);
+  }
+  T* p = y + int64_t(m) * N + n;
+  if (vec && n + 1 < N) {
+    if constexpr (sizeof(T) == 4) {
+      *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+    } else {
+      *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+    }
+    return;
+  }
+  if (n < N) p[0] = from_f<T>(v0);
+  if (n + 1 < N) p[1] = from_f<T>(v1);
+}
+
+inline bool vec_in(const bf16* x, const bf16* w, int K) { return K % 8 == 0 && aligned(x, 16) && aligned(w, 16); }
+inline bool vec2_out(const bf16* y, const bf16* b, int N) {
+  return N % 2 == 0 && aligned(y, 4) && (!b || aligned(b, 4));
+}
+
+// Four 8x8 matrices of 16-bit elements (8 rows of 16 B each); lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#ifdef LAB_SM80
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+__device__ __forceinline__ uint32_t round_tf32(uint32_t f) {
+  uint32_t r = f;
+#ifdef LAB_SM80
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(f)));
+#endif
+  return r;
+}
+
+// D (16x8, fp32) += A (16 x k) · B (k x 8). Fragments (g = lane/4, t = lane%4): c0,c1 = D[g][2t..2t+1],
+// c2,c3 = D[g+8][2t..2t+1].
+__device__ __forceinline__ void mma_16x8(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], float) {
+#ifdef LAB_SM80
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+__device__ __forceinline__ void mma_16x8(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bf16) {
+#ifdef LAB_SM80
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+}  // namespace linear
