@@ -84,9 +84,12 @@ def _worker(conn, jobs: list[Job], setup: dict) -> None:
     import importlib.util
     import os
     os.environ.update(setup.get("env", {}))
+    import sys
     for path in setup.get("imports", []):
-        spec = importlib.util.spec_from_file_location(f"lab_isolated_{abs(hash(path))}", path)
+        name = f"lab_isolated_{abs(hash(path))}"
+        spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
         spec.loader.exec_module(mod)
     for i, job in enumerate(jobs):
         try:
@@ -124,9 +127,11 @@ def run_jobs(jobs: list[Job], timeout: float = 60.0, imports: list[str] | None =
     """Run jobs in worker processes; returns one entry per job: its result (a list of CheckResult or of bench
     rows) or a Failure. `timeout` bounds each job; `start_timeout` bounds a worker's start-up plus its first job
     (importing torch and lab, loading built modules)."""
+    from .registry import EXTERNAL
     ctx = mp.get_context("spawn")
     out: list[Any] = [None] * len(jobs)
-    setup = {"imports": list(imports or []), "env": dict(env or {})}
+    extra = [EXTERNAL[j.family] for j in jobs if j.family in EXTERNAL]
+    setup = {"imports": list(dict.fromkeys(list(imports or []) + extra)), "env": dict(env or {})}
     start = 0
     while start < len(jobs):
         rest = jobs[start:]

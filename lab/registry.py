@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -118,8 +120,14 @@ BROKEN: dict[str, str] = {}  # family modules that failed to import -> why
 _discovered = False
 
 
+EXTERNAL: dict[str, str] = {}  # family -> the file that registered it, for families outside lab/kernels/ (a test's)
+
+
 def register(family: Family) -> Family:
     _FAMILIES[family.name] = family
+    caller = sys._getframe(1).f_globals.get("__file__")
+    if caller and Path(caller).resolve().parent != Path(__file__).resolve().parent / "kernels":
+        EXTERNAL[family.name] = str(Path(caller).resolve())  # lab.isolate's workers import it too
     return family
 
 

@@ -21,3 +21,32 @@ def pytest_configure(config):
     import shutil
     if not torch.cuda.is_available() and torch.version.cuda and shutil.which("nvcc"):
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+
+
+FAULTY = __import__("pathlib").Path(__file__).resolve().parent / "faulty"
+
+
+@pytest.fixture
+def faulty(tmp_path, monkeypatch):
+    """The `faulty` test family (tests/faulty/) in a scratch source root with lab's shared headers, built, and
+    registered in this process. Returns what lab.isolate's workers need: {"env": ..., "imports": [...], "root": ...}."""
+    import importlib.util
+    import shutil
+    from lab import build, env
+    root = tmp_path / "src"
+    shutil.copytree(FAULTY / "cpp_src", root / "cpp_src")
+    shutil.copytree(FAULTY / "cuda_src", root / "cuda_src")
+    for rel in ("cpp_src/lab_common.h", "cpp_src/lab_unit.h", "cuda_src/lab_cuda.cuh"):
+        shutil.copy(env.ROOT / rel, root / rel)
+    monkeypatch.setattr(env, "SRC_ROOT", root)
+    monkeypatch.setattr(env, "CPP_SRC", root / "cpp_src")
+    monkeypatch.setattr(env, "CUDA_SRC", root / "cuda_src")
+    monkeypatch.setenv("LAB_SRC_ROOT", str(root))
+    mod_path = str(FAULTY / "faulty_family.py")
+    if "lab_test_faulty_family" not in __import__("sys").modules:
+        spec = importlib.util.spec_from_file_location("lab_test_faulty_family", mod_path)
+        mod = importlib.util.module_from_spec(spec)
+        __import__("sys").modules["lab_test_faulty_family"] = mod
+        spec.loader.exec_module(mod)
+    build.load("faulty", verbose=False)
+    return {"env": {"LAB_SRC_ROOT": str(root)}, "imports": [mod_path], "root": root}
