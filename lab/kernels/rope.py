@@ -1,7 +1,7 @@
 """Rotary position embedding (RoPE): rotate pairs of query/key features by position-dependent angles.
 
 Sources: cuda_src/rope/ (rope.cuh: shared device code and the v1 kernel, the ladder and napkin math; v1.cu; v2.cu:
-v2 and v3, built once per (tensor, table) dtype pair), cpp_src/rope/rope.cpp (binding, named checks),
+v2 and v3, built once per (tensor, table) dtype pair and pairing), cpp_src/rope/rope.cpp (binding, named checks),
 cpp_src/rope/cpu.cpp (the C++ CPU version).
 
 A tensor of rows of head_dim = D features, laid out 'bhsd' (batch, heads, seq, D) or 'bshd' (batch, seq, heads, D);
