@@ -96,7 +96,8 @@ def test_backward_writes_every_output(factors, device):
 
 @pytest.mark.parametrize("device", devices())
 def test_states_are_the_intermediate_products(device):
-    # states[k-1] = x with W_K, …, W_{k+1} applied (F_k of cuda_src/kron.cu), in the layout (i_k … i_1, j_K … j_{k+1})
+    # states[k-1] = x with W_K, …, W_{k+1} applied (F_k of cuda_src/kron/kron.cuh), in the layout
+    # (i_k … i_1, j_K … j_{k+1})
     x, *ws = _inputs(2, "3x4x5", torch.float64, device, seed=7)
     versions = ["cpu"] if device == "cpu" else ["v3", "v4"]
     f1, f2, f3 = 3, 4, 5

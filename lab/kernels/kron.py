@@ -8,8 +8,9 @@ the (f_K, …, f_1) array (row-major: f_1 is the fastest axis); then
 which is `x @ torch.kron(W_K, torch.kron(…, W_1))` (the tests check exactly that) without the N×N matrix: each factor
 multiplies along its own axis, N·f_k FMAs per sample instead of N².
 
-Sources: cuda_src/kron/ (kron.cuh: the algebra of the steps and what the units share; v3.cu, v4.cu, backward.cu),
-cpp_src/kron/ (kron.cpp: bindings and checks; cpu.cpp: the C++ CPU version). Versions:
+Sources: cuda_src/kron/ (kron.cuh: the algebra of the steps and what the units share; v3.cu, v4.cu (the fused
+kernel), v4_plan.cu (its planner and launch), backward.cu), cpp_src/kron/ (kron.cpp: bindings and checks; cpu.cpp: the
+C++ CPU version). Versions:
   cpu   C++ with at::parallel_for (the same steps as the CUDA code)
   v1    PyTorch, naive: per factor reshape / matmul / movedim (every reshape of the moved view copies)
   v2    PyTorch: one strided-batched GEMM per factor, the axis move folded into the operand layout (no copies)

@@ -1,0 +1,324 @@
+// kron/kron.cpp — the binding of the Kronecker layer y = x · (W_K ⊗ … ⊗ W_1): torch-facing functions and their input
+// checks. No kernel code here: it calls the launchers the units export (lab::launcher, lab_common.h), so editing a
+// kernel never recompiles this file.
+//
+// factors = [W_1, …, W_K], W_k (f_k, f_k); x (batch, N) with N = f_1·…·f_K. Outputs and the intermediate states are
+// tensors the caller allocates (the lab poisons them with NaN before a check). version: 0 = the C++ CPU code (CPU
+// tensors: cpp_src/kron/cpu.cpp); 3 = one CUDA kernel per factor (cuda_src/kron/v3.cu); 4 = the fused CUDA kernel
+// (cuda_src/kron/v4.cu, planned and launched by v4_plan.cu; v3 where it does not fit); the backward of 3 and 4 is
+// cuda_src/kron/backward.cu. The CPU code computes the same steps as the CUDA code (see the header of
+// cuda_src/kron/kron.cuh for the algebra):
+//   forward   F-step  y[b] (P, f) = x[b]ᵀ (f, P)ᵀ · W          — for W_K, …, W_1 in turn
+//   backward  dW_k = Σ_b F_k[b] · dF_{k-1}[b];  dF_k[b] = W_k · dF_{k-1}[b]ᵀ;  dx = dF_K
+#include "lab_common.h"
+
+#include <torch/csrc/autograd/python_variable.h>  // THPVariable_Check / THPVariable_Unpack
+
+#include <algorithm>
+#include <cstdio>
+
+
+namespace {
+
+namespace py = pybind11;
+
+constexpr int kMaxFactors = 16;  // as in cuda_src/kron/kron.cuh
+
+// Lists of tensors arrive as Python sequences and are unpacked here, element by element, so a wrong element is
+// reported by position. Names are built with snprintf, not std::string: on the H100 box (torch 2.11, gcc 13.3) a
+// function that built a std::string with std::to_string and operator+ segfaulted on its first call, while the same
+// module's other functions (std::vector arguments included) ran; the first version of this file did that in every
+// call.
+std::vector<at::Tensor> tensors(const py::sequence& seq, const char* what) {
+  std::vector<at::Tensor> out;
+  const size_t n = py::len(seq);
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    py::object item = seq[i];
+    LAB_CHECK_TYPE(THPVariable_Check(item.ptr()), what, "[", i, "] must be a tensor, got ",
+                     Py_TYPE(item.ptr())->tp_name);
+    out.push_back(THPVariable_Unpack(item.ptr()));
+  }
+  return out;
+}
+
+struct Sizes {
+  std::vector<int> f;
+  int64_t B = 0, N = 0;
+};
+
+// x (batch, N) float/double contiguous; factors a non-empty list of square matrices of x's dtype and device whose
+// sizes multiply to N.
+Sizes check_layer(const at::Tensor& x, const std::vector<at::Tensor>& factors) {
+  lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
+  lab::check_dim(x, "x", 2, "(batch, N)");
+  lab::check_contiguous(x, "x");
+  LAB_CHECK_VALUE(!factors.empty(), "factors must be a non-empty list of square matrices, got an empty list");
+  LAB_CHECK_VALUE(factors.size() <= size_t(kMaxFactors), "at most ", kMaxFactors, " factors are supported, got ",
+                    factors.size());
+  Sizes s;
+  s.B = x.size(0);
+  s.N = x.size(1);
+  int64_t prod = 1;
+  for (size_t i = 0; i < factors.size(); ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "factors[%zu]", i);
+    const at::Tensor& w = factors[i];
+    lab::check_defined(w, name);
+    lab::check_same_dtype(w, name, x, "x");
+    lab::check_same_device(w, name, x, "x");
+    lab::check_dim(w, name, 2, "(f, f)");
+    LAB_CHECK_VALUE(w.size(0) == w.size(1), name, " must be square (f, f), got ", lab::shape_str(w.sizes()));
+    LAB_CHECK_VALUE(w.size(0) >= 1, name, " must not be empty, got ", lab::shape_str(w.sizes()));
+    lab::check_contiguous(w, name);
+    LAB_CHECK_VALUE(w.size(0) <= INT32_MAX, name, " is too large for the kernels' 32-bit sizes");
+    s.f.push_back(static_cast<int>(w.size(0)));
+    prod = prod > (int64_t(1) << 40) ? prod : prod * w.size(0);
+  }
+  if (prod != s.N) {
+    char dims[16 * 14];
+    int n = 0;
+    dims[0] = '\0';
+    for (size_t i = 0; i < s.f.size() && n < int(sizeof(dims)) - 16; ++i)
+      n += std::snprintf(dims + n, sizeof(dims) - size_t(n), "%s%d", i ? " x " : "", s.f[i]);
+    LAB_CHECK_VALUE(false, "the factor sizes ", dims, " multiply to ", prod, ", but x has N = ", s.N,
+                      " columns; x must be (batch, f_1*...*f_K)");
+  }
+  return s;
+}
+
+void check_like(const at::Tensor& t, const char* name, const at::Tensor& x, at::IntArrayRef shape,
+                const char* layout) {
+  lab::check_out(t, name, x, shape, layout);
+}
+
+void check_states(const std::vector<at::Tensor>& states, const at::Tensor& x, const Sizes& s, bool required) {
+  const size_t K = s.f.size();
+  if (states.empty() && !required) return;
+  LAB_CHECK_VALUE(states.size() == K - 1, "states must be a list of K-1 = ", K - 1,
+                    " tensors of shape (batch, N) (the intermediate states), got ", states.size());
+  for (size_t i = 0; i < states.size(); ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "states[%zu]", i);
+    check_like(states[i], name, x, {s.B, s.N}, "(batch, N)");
+  }
+}
+
+// ---- launchers: what the units export (names: kname below) --------------------------------------------------------
+#ifdef LAB_WITH_CUDA
+// cuda_src/kron/v3.cu, v4_plan.cu, backward.cu, each built once per dtype: "kron_v3_forward@f32", ...
+template <class T> using V3Forward = cudaError_t (*)(int version, const T* x, T* y, const T* const* w, const int* f,
+                                                     int K, int64_t B, int64_t N, T* const* states, T* scratch,
+                                                     int cfg, cudaStream_t);
+using ForwardScratch = int64_t (*)(int64_t B, int64_t N, int K);
+template <class T> using V4Forward = cudaError_t (*)(const T* x, T* y, const T* const* w, const int* f, int K,
+                                                     int64_t B, int64_t N, T* const* states, int cfg, int cols,
+                                                     const void* kernels, cudaStream_t);
+using FusedPlanFn = void (*)(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, const void* kernels,
+                             int64_t* info);
+template <class T> using Backward = cudaError_t (*)(const T* g, const T* x, const T* const* w, const int* f, int K,
+                                                    int64_t B, int64_t N, const T* const* states, T* dx,
+                                                    T* const* dw, T* ws, cudaStream_t);
+using BackwardWorkspace = int64_t (*)(int64_t B, int64_t N, const int* f, int K);
+
+// v4.cu is built once per dtype and block configuration; v4_plan.cu takes its kernels as FusedKernels<T>
+// (cuda_src/kron/kron.cuh): the three configurations' occupancy functions, then their launch functions. The binding
+// only looks them up ("kron_v4_occupancy@f32,0", ...) and passes them on, so here they are plain addresses.
+struct FusedKernels {
+  void* occupancy[3];
+  void* launch[3];
+};
+FusedKernels fused_kernels(at::ScalarType t) {
+  static const auto names = [](const char* d) {
+    std::vector<std::string> v;
+    for (const char* what : {"kron_v4_occupancy@", "kron_v4_launch@"})
+      for (int cfg = 0; cfg < 3; ++cfg) v.push_back(lab::cat(what, d, ",", cfg));
+    return v;
+  };
+  static const std::vector<std::string> f32 = names("f32"), f64 = names("f64");
+  const std::vector<std::string>& n = t == at::kDouble ? f64 : f32;
+  FusedKernels k;
+  for (int cfg = 0; cfg < 3; ++cfg) {
+    k.occupancy[cfg] = lab::launcher<void*>(n[cfg]);
+    k.launch[cfg] = lab::launcher<void*>(n[3 + cfg]);
+  }
+  return k;
+}
+#endif
+// cpp_src/kron/cpu.cpp: "kron_cpu_forward_f32", ...
+template <class T> using CpuForward = void (*)(const T* x, T* y, const T* const* w, const int* f, int K, int64_t B,
+                                               int64_t N, T* const* states);
+template <class T> using CpuBackward = void (*)(const T* g, const T* x, const T* const* w, const int* f, int K,
+                                                int64_t B, int64_t N, const T* const* states, T* dx, T* const* dws);
+
+// "kron_v3_forward@f32" (a CUDA unit's variant) or "kron_cpu_forward_f32" (the CPU unit)
+std::string kname(const char* name, at::ScalarType t) { return lab::cat(name, "@", lab::dtype_suffix(t)); }
+std::string cpu_name(const char* name, at::ScalarType t) { return lab::cat(name, "_", lab::dtype_suffix(t)); }
+
+template <class T> std::vector<const T*> cptrs(const std::vector<at::Tensor>& ts) {
+  std::vector<const T*> v;
+  for (const auto& t : ts) v.push_back(t.data_ptr<T>());
+  return v;
+}
+template <class T> std::vector<T*> ptrs(const std::vector<at::Tensor>& ts) {
+  std::vector<T*> v;
+  for (const auto& t : ts) v.push_back(t.data_ptr<T>());
+  return v;
+}
+
+}  // namespace
+
+// ---- torch-facing functions ---------------------------------------------------------------------------------
+// y = x · (W_K ⊗ … ⊗ W_1) into out. states: [] or the K-1 intermediate states F_1..F_{K-1} (each (batch, N)), written
+// when given (the backward needs them). cfg/cols: -1/0 = automatic; else force the CUDA block configuration (0..2)
+// and v4's slice width (for kron.tune()).
+at::Tensor forward(const at::Tensor& x, py::sequence factors_, at::Tensor out, py::sequence states_,
+                   int64_t version, int64_t cfg, int64_t cols) {
+  const std::vector<at::Tensor> factors = tensors(factors_, "factors"), states = tensors(states_, "states");
+  const Sizes s = check_layer(x, factors);
+  check_like(out, "out", x, {s.B, s.N}, "(batch, N)");
+  check_states(states, x, s, false);
+  lab::check_version(x, "x", version, 3, 4, "kron");
+  LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
+  LAB_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
+  const int K = int(s.f.size());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_forward", [&] {
+    if (x.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+      c10::cuda::CUDAGuard guard(x.device());
+      const at::ScalarType dt = x.scalar_type();
+      const auto w = cptrs<scalar_t>(factors);
+      auto st = ptrs<scalar_t>(states);
+      // version 4 runs v4.cu's fused kernel where its plan fits, else (and for K = 1) v3.cu's per-factor forward
+      bool fused_fits = false;
+      FusedKernels kern{};
+      if (version == 4) {
+        kern = fused_kernels(dt);
+        int64_t info[11];
+        lab::launcher<FusedPlanFn>(kname("kron_fused_plan", dt))(s.B, s.N, s.f.data(), K, int(cfg), int(cols), &kern,
+                                                                 info);
+        fused_fits = info[0] != 0;
+      }
+      if (fused_fits) {
+        auto fn = lab::launcher<V4Forward<scalar_t>>(kname("kron_v4_forward", dt));
+        LAB_CUDA_CHECK(fn(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), w.data(), s.f.data(), K, s.B, s.N,
+                          st.empty() ? nullptr : st.data(), int(cfg), int(cols), &kern, LAB_STREAM()),
+                       "kron forward kernel");
+      } else {
+        at::Tensor scratch;
+        if (states.empty() && K > 1)
+          scratch = at::empty({lab::launcher<ForwardScratch>(kname("kron_forward_scratch", dt))(s.B, s.N, K)},
+                              x.options());
+        auto fn = lab::launcher<V3Forward<scalar_t>>(kname("kron_v3_forward", dt));
+        LAB_CUDA_CHECK(fn(int(version), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), w.data(), s.f.data(), K,
+                          s.B, s.N, st.empty() ? nullptr : st.data(),
+                          scratch.defined() ? scratch.data_ptr<scalar_t>() : nullptr, int(cfg), LAB_STREAM()),
+                       "kron forward kernel");
+      }
+#else
+      LAB_NO_CUDA_BUILD("kron forward");
+#endif
+    } else {
+      const auto w = cptrs<scalar_t>(factors);
+      auto st = ptrs<scalar_t>(states);
+      lab::launcher<CpuForward<scalar_t>>(cpu_name("kron_cpu_forward", x.scalar_type()))(
+          x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), w.data(), s.f.data(), K, s.B, s.N,
+          st.empty() ? nullptr : st.data());
+    }
+  });
+  return out;
+}
+
+// Gradients of y = x · (W_K ⊗ … ⊗ W_1) for upstream gradient g: dx and dws[k] = dL/dW_{k+1}, written into the given
+// tensors. states: the K-1 intermediate states the forward wrote.
+at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence factors_, py::sequence states_,
+                    at::Tensor dx, py::sequence dws_, int64_t version) {
+  const std::vector<at::Tensor> factors = tensors(factors_, "factors"), states = tensors(states_, "states"),
+                                dws = tensors(dws_, "dws");
+  const Sizes s = check_layer(x, factors);
+  check_like(g, "g", x, {s.B, s.N}, "(batch, N)");
+  check_states(states, x, s, true);
+  check_like(dx, "dx", x, {s.B, s.N}, "(batch, N)");
+  const int K = int(s.f.size());
+  LAB_CHECK_VALUE(dws.size() == size_t(K), "dws must be a list of K = ", K, " tensors (one per factor), got ",
+                    dws.size());
+  for (int k = 0; k < K; ++k) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "dws[%d]", k);
+    check_like(dws[k], name, x, {s.f[k], s.f[k]}, "like factors[k]");
+  }
+  lab::check_version(x, "x", version, 3, 4, "kron");
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_backward", [&] {
+    if (x.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+      c10::cuda::CUDAGuard guard(x.device());
+      const at::ScalarType dt = x.scalar_type();
+      const int64_t n = lab::launcher<BackwardWorkspace>(kname("kron_backward_workspace", dt))(s.B, s.N, s.f.data(), K);
+      at::Tensor ws = at::empty({std::max<int64_t>(n, 1)}, x.options());
+      const auto w = cptrs<scalar_t>(factors);
+      const auto st = cptrs<scalar_t>(states);
+      auto dw = ptrs<scalar_t>(dws);
+      auto fn = lab::launcher<Backward<scalar_t>>(kname("kron_backward", dt));
+      LAB_CUDA_CHECK(fn(g.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), w.data(), s.f.data(), K, s.B, s.N,
+                        st.empty() ? nullptr : st.data(), dx.data_ptr<scalar_t>(), dw.data(), ws.data_ptr<scalar_t>(),
+                        LAB_STREAM()),
+                     "kron backward kernels");
+#else
+      LAB_NO_CUDA_BUILD("kron backward");
+#endif
+    } else {
+      const auto w = cptrs<scalar_t>(factors);
+      const auto st = cptrs<scalar_t>(states);
+      auto dw = ptrs<scalar_t>(dws);
+      lab::launcher<CpuBackward<scalar_t>>(cpu_name("kron_cpu_backward", x.scalar_type()))(
+          g.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), w.data(), s.f.data(), K, s.B, s.N,
+          st.empty() ? nullptr : st.data(), dx.data_ptr<scalar_t>(), dw.data());
+    }
+  });
+  return dx;
+}
+
+// What v4 would launch for a batch and factor sizes (x: any CUDA tensor of the dtype, for dtype and device):
+// (fits, cfg, c, slices per sample, shared bytes per block, blocks per SM, threads, TM, TN, cost, device smem limit)
+py::tuple fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t cfg, int64_t cols) {
+  lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
+  LAB_CHECK_VALUE(x.is_cuda(), "fused_plan: x must be a CUDA tensor (it names the device and dtype), got ",
+                    x.device().str());
+  const size_t nf = py::len(sizes);
+  LAB_CHECK_VALUE(nf >= 1 && nf <= size_t(kMaxFactors), "sizes must list 1..", kMaxFactors, " factor sizes, got ",
+                    nf);
+  LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "fused_plan: cfg must be -1 (automatic) or 0..2, got ", cfg);
+  std::vector<int> f;
+  int64_t N = 1;
+  for (size_t i = 0; i < nf; ++i) {
+    const int64_t v = py::cast<int64_t>(sizes[i]);
+    LAB_CHECK_VALUE(v >= 1 && v <= INT32_MAX, "sizes must be positive 32-bit integers, got ", v);
+    f.push_back(static_cast<int>(v));
+    N *= v;
+  }
+  std::vector<int64_t> info(11, 0);
+#ifdef LAB_WITH_CUDA
+  c10::cuda::CUDAGuard guard(x.device());
+  const FusedKernels kern = fused_kernels(x.scalar_type());
+  lab::launcher<FusedPlanFn>(kname("kron_fused_plan", x.scalar_type()))(batch, N, f.data(), int(f.size()), int(cfg),
+                                                                       int(cols), &kern, info.data());
+#else
+  LAB_NO_CUDA_BUILD("fused_plan");
+#endif
+  py::tuple t(info.size());
+  for (size_t i = 0; i < info.size(); ++i) t[i] = py::int_(info[i]);
+  return t;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Kronecker-factored linear layer y = x (W_K kron ... kron W_1); version 0 = C++ CPU code, 3 = per-factor "
+            "CUDA kernels, 4 = fused CUDA kernel";
+  m.def("forward", lab::bind(forward),
+        "forward(x, factors, out, states, version, cfg, cols) -> out = x (W_K kron ... kron W_1)");
+  m.def("backward", lab::bind(backward),
+        "backward(g, x, factors, states, dx, dws, version) -> dx; dws[k] = dL/dfactors[k]");
+  m.def("fused_plan", lab::bind(fused_plan),
+        "fused_plan(x, batch, sizes, cfg, cols) -> (fits, cfg, c, slices, smem, blocks/SM, threads, TM, TN, cost, "
+        "smem limit)");
+  LAB_BIND_UNITS(m);
+}
