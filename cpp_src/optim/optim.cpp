@@ -1,4 +1,7 @@
-// optim.cpp — torch-facing Adam/AdamW steps over lists of tensors, their input checks, and the C++ CPU version.
+// optim/optim.cpp — the binding of the optim family: torch-facing Adam/AdamW steps over lists of tensors, their
+// input checks, and the plan. No kernel code here: the CUDA versions are the units in cuda_src/optim/ (byvalue.cu:
+// v1, v2; v3.cu; v4.cu; table.cu: the table upload), the C++ CPU version is cpp_src/optim/cpu.cpp, and all of them
+// are called through lab::launcher by name ("adam_byvalue@v1", "adam_v4@bf16", "adam_cpu_f32", ...).
 //
 // Two entry points share one path (validate everything -> pack pointers -> run):
 //   adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, ...)   the functional step
@@ -6,7 +9,7 @@
 // The plan holds the parameter and state tensors of one param group, reads each param's .grad in C++ (a Python loop
 // over 2000 params costs more than the whole GPU step), keeps the device pointer table between steps and uploads it
 // again only when a pointer changed. Every check runs before the first launch, so bad input leaves every parameter
-// as it was. version: 0 = the C++ CPU code (CPU tensors), 1..4 = the CUDA versions in cuda_src/optim.cu.
+// as it was. version: 0 = the C++ CPU code (CPU tensors), 1..4 = the CUDA versions in cuda_src/optim/.
 #include "lab_common.h"
 
 #include <algorithm>
@@ -14,28 +17,40 @@
 #include <cmath>
 #include <memory>
 
-#ifdef LAB_WITH_CUDA
-cudaError_t optim_adam_byvalue(int version, int dtype, bool amsgrad, const void* const* ptrs, const int64_t* numel,
-                               int n, int64_t chunk, float lr, const float* lr_ptr, double beta1, double beta2,
-                               float eps, float wd, bool decoupled, bool maximize, int* counter, cudaStream_t stream,
-                               int* launches);
-int64_t optim_table_bytes(int version, int dtype, bool amsgrad, const int64_t* numel, int n, int64_t chunk);
-void optim_table_fill(int version, int dtype, bool amsgrad, const void* const* ptrs, const int64_t* numel, int n,
-                      int64_t chunk, void* host);
-cudaError_t optim_table_upload(void* dev, const void* host, int64_t bytes, cudaStream_t stream, int* launches);
-cudaError_t optim_adam_table(int dtype, bool amsgrad, const void* dev, const void* host, float lr,
-                             const float* lr_ptr, double beta1, double beta2, float eps, float wd, bool decoupled,
-                             bool maximize, cudaStream_t stream, int* launches);
-void optim_byvalue_caps(int version, bool amsgrad, int64_t* bytes, int64_t* max_tensors, int64_t* max_blocks);
-#endif
 
 namespace {
 
 constexpr int kMaxVersion = 4;
 enum Slot { kP = 0, kG, kM, kV, kS, kVmax, kNPtr };
-constexpr int kDtypes = 3;  // param dtype index: 0 fp32, 1 bf16, 2 fp16 (the .cu's enum)
+constexpr int kDtypes = 3;  // param dtype index: 0 fp32, 1 bf16, 2 fp16 (optim.cuh's enum)
 
 int dtype_index(at::ScalarType t) { return t == at::kBFloat16 ? 1 : t == at::kHalf ? 2 : 0; }
+// The name part of a param dtype index: the variant of v3.cu / v4.cu ("adam_v4@bf16"), the CPU unit's suffix.
+const char* dtype_name(int d) { return d == 1 ? "bf16" : d == 2 ? "f16" : "f32"; }
+
+// ---- the units' launchers (signatures as cuda_src/optim/*.cu and cpp_src/optim/cpu.cpp define them) -----------
+// ptrs: n x kNPtr host array (p, g, m, v, step, vmax); numel: n; all tensors of one param dtype.
+using AdamCpuFn = void (*)(const void* const* ptrs, const int64_t* numel, int n, bool amsgrad, double lr,
+                           double beta1, double beta2, double eps, double wd, bool decoupled, bool maximize,
+                           int64_t chunk);
+#ifdef LAB_WITH_CUDA
+// "adam_byvalue@v1" / "@v2"
+using AdamByValueFn = cudaError_t (*)(int dtype, bool amsgrad, const void* const* ptrs, const int64_t* numel, int n,
+                                      int64_t chunk, float lr, const float* lr_ptr, double beta1, double beta2,
+                                      float eps, float wd, bool decoupled, bool maximize, int* counter,
+                                      cudaStream_t stream, int* launches);
+// "byvalue_caps@v1" / "@v2"
+using ByValueCapsFn = void (*)(bool amsgrad, int64_t* bytes, int64_t* max_tensors, int64_t* max_blocks);
+// "table_bytes_v3@f32", "table_fill_v4@bf16", "adam_v4@f16", ...: the table of v3/v4, per param dtype
+using TableBytesFn = int64_t (*)(bool amsgrad, const int64_t* numel, int n, int64_t chunk);
+using TableFillFn = void (*)(bool amsgrad, const void* const* ptrs, const int64_t* numel, int n, int64_t chunk,
+                             void* host);
+using AdamTableFn = cudaError_t (*)(bool amsgrad, const void* dev, const void* host, float lr, const float* lr_ptr,
+                                    double beta1, double beta2, float eps, float wd, bool decoupled, bool maximize,
+                                    cudaStream_t stream, int* launches);
+// "table_upload"
+using TableUploadFn = cudaError_t (*)(void* dev, const void* host, int64_t bytes, cudaStream_t stream, int* launches);
+#endif
 
 struct Hyper {
   double lr = 0;
@@ -193,59 +208,6 @@ Batch pack(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>&
   return b;
 }
 
-// ---- the C++ CPU version ----------------------------------------------------------------------------------------
-// Same arithmetic as the kernels, in float with IEEE sqrt and division; the bias corrections in double as torch's
-// for-loop computes them. Parallel over 64K-element chunks of all tensors; steps are read before and incremented after.
-template <class P>
-void adam_cpu(const Group& G, bool ams, const Hyper& h, double lr, int64_t chunk) {
-  const int n = G.n();
-  struct Coef { float step_size, bc2_sqrt, decay; };
-  std::vector<Coef> coef(static_cast<size_t>(n));
-  std::vector<std::pair<int, int64_t>> work;
-  for (int t = 0; t < n; ++t) {
-    const double step = double(*static_cast<const float*>(G.ptrs[size_t(t) * kNPtr + kS])) + 1.0;
-    coef[size_t(t)] = {float(lr / (1.0 - std::pow(h.beta1, step))), float(std::sqrt(1.0 - std::pow(h.beta2, step))),
-                       float(1.0 - lr * h.wd)};
-    for (int64_t b = 0; b < G.numel[size_t(t)]; b += chunk) work.emplace_back(t, b);
-  }
-  const float omb1 = float(1.0 - h.beta1), b2 = float(h.beta2), omb2 = float(1.0 - h.beta2), eps = float(h.eps),
-              wd = float(h.wd);
-  at::parallel_for(0, int64_t(work.size()), 1, [&](int64_t w0, int64_t w1) {
-    for (int64_t w = w0; w < w1; ++w) {
-      const int t = work[size_t(w)].first;
-      const void* const* ptr = &G.ptrs[size_t(t) * kNPtr];
-      P* p = static_cast<P*>(const_cast<void*>(ptr[kP]));
-      const P* g = static_cast<const P*>(ptr[kG]);
-      float* m = static_cast<float*>(const_cast<void*>(ptr[kM]));
-      float* v = static_cast<float*>(const_cast<void*>(ptr[kV]));
-      float* vm = static_cast<float*>(const_cast<void*>(ptr[kVmax]));
-      const Coef c = coef[size_t(t)];
-      const int64_t begin = work[size_t(w)].second, end = std::min(G.numel[size_t(t)], begin + chunk);
-      for (int64_t i = begin; i < end; ++i) {
-        float gi = static_cast<float>(g[i]), pi = static_cast<float>(p[i]);
-        if (h.maximize) gi = -gi;
-        if (h.decoupled) {
-          pi *= c.decay;
-        } else if (wd != 0.f) {
-          gi += wd * pi;
-        }
-        const float mi = m[i] + omb1 * (gi - m[i]);
-        const float vi = v[i] * b2 + omb2 * (gi * gi);
-        float s = vi;
-        if (ams) {
-          vm[i] = std::max(vm[i], vi);
-          s = vm[i];
-        }
-        const float denom = std::sqrt(s) / c.bc2_sqrt + eps;
-        p[i] = static_cast<P>(pi - c.step_size * (mi / denom));
-        m[i] = mi;
-        v[i] = vi;
-      }
-    }
-  });
-  for (int t = 0; t < n; ++t) *static_cast<float*>(const_cast<void*>(G.ptrs[size_t(t) * kNPtr + kS])) += 1.f;
-}
-
 // ---- running a validated batch ------------------------------------------------------------------------------------
 // Device buffers an AdamPlan keeps between steps: the pointer table (with the image last uploaded, to skip uploads
 // that change nothing) and the ticket of the by-value versions. A CUDA graph captured from a step gets its own
@@ -271,9 +233,9 @@ int run(Batch& b, const Hyper& h, int64_t version, int64_t chunk, Buffers* buf) 
     for (int d = 0; d < kDtypes; ++d) {
       const Group& G = b.groups[size_t(d)];
       if (G.n() == 0) continue;
-      if (d == 0) adam_cpu<float>(G, b.amsgrad, h, lr, chunk);
-      if (d == 1) adam_cpu<at::BFloat16>(G, b.amsgrad, h, lr, chunk);
-      if (d == 2) adam_cpu<at::Half>(G, b.amsgrad, h, lr, chunk);
+      auto fn = lab::launcher<AdamCpuFn>(lab::cat("adam_cpu_", dtype_name(d)));
+      fn(G.ptrs.data(), G.numel.data(), G.n(), b.amsgrad, lr, h.beta1, h.beta2, h.eps, h.wd, h.decoupled,
+         h.maximize, chunk);
     }
     return 0;
   }
@@ -298,13 +260,14 @@ int run(Batch& b, const Hyper& h, int64_t version, int64_t chunk, Buffers* buf) 
         counter = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(b.device));
         if (buf) buf->captured.push_back(counter);
       }
-      LAB_CUDA_CHECK(optim_adam_byvalue(int(version), d, b.amsgrad, G.ptrs.data(), G.numel.data(), G.n(), chunk, lr,
-                                        lr_ptr, h.beta1, h.beta2, eps, wd, h.decoupled, h.maximize,
-                                        counter.data_ptr<int>(), stream, &launches),
+      auto fn = lab::launcher<AdamByValueFn>(lab::cat("adam_byvalue@v", version));
+      LAB_CUDA_CHECK(fn(d, b.amsgrad, G.ptrs.data(), G.numel.data(), G.n(), chunk, lr, lr_ptr, h.beta1, h.beta2, eps,
+                        wd, h.decoupled, h.maximize, counter.data_ptr<int>(), stream, &launches),
                      lab::cat("adam kernel (v", version, ", pointers by value)"));
       continue;
     }
     // the table is a function of the pointers, sizes, version and chunk: rebuild and upload only when one changed
+    const std::string unit = lab::cat("_v", version, "@", dtype_name(d));  // v3.cu / v4.cu, this dtype's build
     Buffers::Table* T = (buf && !capturing) ? &buf->tables[size_t(d)] : nullptr;
     const bool reuse = T && T->dev.defined() && T->version == version && T->chunk == chunk &&
                        T->amsgrad == b.amsgrad && T->numel == G.numel && T->ptrs == G.ptrs;
@@ -313,9 +276,11 @@ int run(Batch& b, const Hyper& h, int64_t version, int64_t chunk, Buffers* buf) 
     if (reuse) {
       dev = T->dev;
     } else {
-      const int64_t bytes = optim_table_bytes(int(version), d, b.amsgrad, G.numel.data(), G.n(), chunk);
+      auto nbytes = lab::launcher<TableBytesFn>("table_bytes" + unit);
+      const int64_t bytes = nbytes(b.amsgrad, G.numel.data(), G.n(), chunk);
       image.resize(static_cast<size_t>(bytes));
-      optim_table_fill(int(version), d, b.amsgrad, G.ptrs.data(), G.numel.data(), G.n(), chunk, image.data());
+      lab::launcher<TableFillFn>("table_fill" + unit)(b.amsgrad, G.ptrs.data(), G.numel.data(), G.n(), chunk,
+                                                      image.data());
       if (T) {
         if (!T->dev.defined() || T->dev.numel() < bytes)
           T->dev = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(b.device));
@@ -324,8 +289,8 @@ int run(Batch& b, const Hyper& h, int64_t version, int64_t chunk, Buffers* buf) 
         dev = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(b.device));
         if (buf) buf->captured.push_back(dev);
       }
-      LAB_CUDA_CHECK(optim_table_upload(dev.data_ptr(), image.data(), bytes, stream, &launches),
-                     "adam pointer-table upload");
+      auto upload = lab::launcher<TableUploadFn>("table_upload");
+      LAB_CUDA_CHECK(upload(dev.data_ptr(), image.data(), bytes, stream, &launches), "adam pointer-table upload");
       if (T) {
         T->host = std::move(image);
         T->ptrs = G.ptrs;
@@ -334,8 +299,9 @@ int run(Batch& b, const Hyper& h, int64_t version, int64_t chunk, Buffers* buf) 
       }
     }
     const void* host = T ? T->host.data() : image.data();
-    LAB_CUDA_CHECK(optim_adam_table(d, b.amsgrad, dev.data_ptr(), host, lr, lr_ptr, h.beta1, h.beta2, eps, wd,
-                                    h.decoupled, h.maximize, stream, &launches),
+    auto fn = lab::launcher<AdamTableFn>("adam" + unit);
+    LAB_CUDA_CHECK(fn(b.amsgrad, dev.data_ptr(), host, lr, lr_ptr, h.beta1, h.beta2, eps, wd, h.decoupled,
+                      h.maximize, stream, &launches),
                    lab::cat("adam kernel (v", version, ", table in device memory)"));
   }
 #else
@@ -520,7 +486,7 @@ std::vector<int64_t> byvalue_caps(int64_t version, bool amsgrad) {
   LAB_CHECK_VALUE(version == 1 || version == 2, "byvalue_caps: version must be 1 or 2, got ", version);
 #ifdef LAB_WITH_CUDA
   int64_t bytes = 0, t = 0, b = 0;
-  optim_byvalue_caps(int(version), amsgrad, &bytes, &t, &b);
+  lab::launcher<ByValueCapsFn>(lab::cat("byvalue_caps@v", version))(amsgrad, &bytes, &t, &b);
   return {bytes, t, b};
 #else
   LAB_NO_CUDA_BUILD("byvalue_caps");
@@ -548,4 +514,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("plan_launch", lab::bind(plan_launch), "plan_launch(plan) -> kernel launches");
   m.def("byvalue_caps", lab::bind(byvalue_caps),
         "byvalue_caps(version, amsgrad) -> [struct bytes, tensors per launch, blocks per launch]");
+  LAB_BIND_UNITS(m);
 }
