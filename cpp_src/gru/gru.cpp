@@ -1,0 +1,475 @@
+// gru/gru.cpp — the binding of the GRU family: torch-facing functions, named checks, and the calls of the launchers
+// the units export (cuda_src/gru/*.cu for CUDA tensors, cpp_src/gru/cpu.cpp for CPU tensors), looked up by name
+// (lab::launcher, lab_common.h). No kernel code here: editing a kernel never recompiles this file.
+//
+//   gru_forward(x, h0, params, out, h_n, version)  nn.GRU's forward: (seq_len, batch, input) -> out, h_n.
+//       version 0: C++ on the CPU (cpp_src/gru/cpu.cpp); 1..4: cuda_src/gru/'s v1..v4 (see gru.cuh's header).
+//   gru_gates(gi, gh, b_ih, b_hh, h_prev, h_out)   one GRU cell's pointwise half (gates + update), rows may be
+//       strided: the seq2seq decoder writes h straight into its [emb | h] buffer.
+//   decoder_prep(logits | tokens, tokens_out, emb, gi_table, gi_ctx, xh, gi)   the decoder step's token pick
+//       (argmax) and gathers.
+//   v3_plan(batch, hidden, dtype_code, version)      how v3/v4 split the work on this GPU (for the notebook).
+//
+// Every function writes into tensors the caller allocated (the lab poisons them with NaN before a check). CUDA
+// versions run on the current stream; GEMMs go to cuBLAS through ATen: for fp16/bf16 with an fp32 output
+// (at::mm's out_dtype), so gate pre-activations are never rounded to 16 bits.
+//
+// Launchers: "gru_gates" (cuda_src/gru/gates.cu), "gru_decoder_prep" (decoder.cu), and per variant of v3.cu
+// "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" (dtype f32/f16/bf16; rb 2 = v3, rb 4 = v4); the CPU unit's
+// "gru_layer_cpu_<dtype>", "gru_gates_cpu_<dtype>", "decoder_tokens_cpu_<dtype>", "decoder_gather_cpu_<dtype>"
+// (f32, f64: float16/bfloat16 tensors are widened to float here, and the float result rounded back).
+#include "lab_common.h"
+
+#include <torch/version.h>
+
+#include <string>
+#include <tuple>
+#include <utility>
+
+static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8),
+              "gru.cpp needs torch >= 2.8 (at::mm with out_dtype for fp32 output from fp16/bf16 inputs)");
+
+namespace {
+
+#ifdef LAB_WITH_CUDA
+using GatesCuda = cudaError_t (*)(int dtype, const void* gi, int64_t ldgi, const void* gh, int64_t ldgh,
+                                  const void* b_ih, const void* b_hh, const void* h_prev, int64_t ldhp, void* h_out,
+                                  int64_t ldho, int B, int H, cudaStream_t stream);
+using V3PlanCuda = int (*)(int B, int H, int* info);
+using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
+                               void* out, int T, int B, int H, cudaStream_t stream);
+using DecoderPrepCuda = cudaError_t (*)(int dtype, const void* logits, int64_t ldl, int V, const int64_t* tok_in,
+                                        int64_t* tok_out, const void* emb, int E, const void* gtab, const void* gctx,
+                                        int G3, int vocab, void* xh, int64_t ldxh, void* gi, int B,
+                                        cudaStream_t stream);
+#endif
+template <class T>
+using LayerCpu = void (*)(const T* x, const T* w_ih, const T* w_hh, const T* b_ih, const T* b_hh, const T* h0, T* out,
+                          int64_t Tn, int64_t B, int64_t I, int64_t H);
+template <class T>
+using GatesCpu = void (*)(const T* gi, int64_t ldgi, const T* gh, int64_t ldgh, const T* b_ih, const T* b_hh,
+                          const T* h_prev, int64_t ldhp, T* h_out, int64_t ldho, int64_t B, int64_t H);
+template <class T>
+using TokensCpu = void (*)(const T* logits, int64_t ldl, int64_t nl, const int64_t* tokens, int64_t* tok, int64_t B);
+template <class T>
+using GatherCpu = void (*)(const int64_t* tok, const T* emb, int64_t E, const T* gtab, const T* gctx, int64_t G,
+                           T* xh, int64_t ldxh, T* gi, int64_t B);
+
+
+constexpr int kMaxVersion = 4;
+
+int dtype_code(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return 0;
+    case at::kHalf: return 1;
+    case at::kBFloat16: return 2;
+    case at::kDouble: return 3;
+    default: LAB_CHECK_TYPE(false, "unsupported dtype ", c10::toString(t));
+  }
+  return -1;
+}
+
+// The type gates are computed in: float for float/half/bfloat16, double for double.
+at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+std::string param_name(size_t i) {
+  static const char* kind[4] = {"w_ih", "w_hh", "b_ih", "b_hh"};
+  return lab::cat("params[", i, "] (", kind[i % 4], " of layer ", i / 4, ")");
+}
+
+void check_like(const at::Tensor& t, const std::string& name, const at::Tensor& x) {
+  lab::check_same_dtype(t, name.c_str(), x, "x");
+  lab::check_same_device(t, name.c_str(), x, "x");
+  lab::check_contiguous(t, name.c_str());
+}
+
+// Validates x, h0, params, out, h_n; returns (num_layers, hidden).
+std::pair<int64_t, int64_t> check_forward(const at::Tensor& x, const std::optional<at::Tensor>& h0,
+                                          const std::vector<at::Tensor>& params, const at::Tensor& out,
+                                          const at::Tensor& h_n) {
+  lab::check_dim(x, "x", 3, "(seq_len, batch, input_size)");
+  lab::check_dtype(x, "x", {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16});
+  lab::check_contiguous(x, "x");
+  const int64_t T = x.size(0), B = x.size(1), I = x.size(2);
+  LAB_CHECK_VALUE(T >= 1 && B >= 1 && I >= 1, "x must have seq_len, batch and input_size >= 1, got shape ",
+                    lab::shape_str(x.sizes()));
+  LAB_CHECK_VALUE(!params.empty() && params.size() % 4 == 0, "params must hold 4 tensors per layer (w_ih, w_hh, "
+                    "b_ih, b_hh, as nn.GRU's _flat_weights), got ", params.size());
+  const int64_t L = int64_t(params.size() / 4);
+  lab::check_dim(params[1], param_name(1).c_str(), 2, "(3*hidden, hidden)");
+  const int64_t H = params[1].size(1);
+  LAB_CHECK_VALUE(H >= 1, param_name(1), " must have hidden >= 1, got shape ", lab::shape_str(params[1].sizes()));
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t in = l == 0 ? I : H;
+    for (int k = 0; k < 4; ++k) {
+      const size_t i = size_t(4 * l + k);
+      const std::string name = param_name(i);
+      const at::Tensor& p = params[i];
+      lab::check_defined(p, name.c_str());
+      if (k == 0 && l == 0 && p.dim() == 2 && p.size(0) == 3 * H && p.size(1) != I)
+        LAB_CHECK_VALUE(false, "input size mismatch: x has input_size ", I, " but ", name, " has shape ",
+                          lab::shape_str(p.sizes()), " (expected (3*hidden, input_size) = (", 3 * H, ", ", I, "))");
+      if (k == 0)
+        lab::check_shape(p, name.c_str(), {3 * H, in}, l == 0 ? "(3*hidden, input_size)" : "(3*hidden, hidden)");
+      else if (k == 1)
+        lab::check_shape(p, name.c_str(), {3 * H, H}, "(3*hidden, hidden)");
+      else
+        lab::check_shape(p, name.c_str(), {3 * H}, "(3*hidden,)");
+      check_like(p, name, x);
+    }
+  }
+  if (h0 && h0->defined()) {
+    lab::check_shape(*h0, "h0", {L, B, H}, "(num_layers, batch, hidden)");
+    check_like(*h0, "h0", x);
+  }
+  lab::check_out(out, "out", x, {T, B, H}, "(seq_len, batch, hidden)");
+  lab::check_out(h_n, "h_n", x, {L, B, H}, "(num_layers, batch, hidden)");
+  return {L, H};
+}
+
+// The CPU unit computes in float or double (cpp_src/gru/cpu.cpp): a float16/bfloat16 tensor goes in as a float copy
+// (exact) and the float result is rounded back with copy_ (round to nearest even, as static_cast<at::Half> is).
+at::Tensor widened(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
+
+#ifdef LAB_WITH_CUDA
+// The v3.cu variant that runs `version` (3: rb 2, 4: rb 4) for dtype_code (0 float32, 1 float16, 2 bfloat16).
+std::string v3_variant(const char* name, int64_t version, int dtype) {
+  static const char* dt[3] = {"f32", "f16", "bf16"};
+  return lab::cat(name, "@", dt[dtype], ",", version == 4 ? "4" : "2");
+}
+
+int v3_plan_call(int64_t version, int dtype, int B, int H, int* info) {
+  auto plan = lab::launcher<V3PlanCuda>(v3_variant("gru_v3_plan", version, dtype));
+  return plan(B, H, info);
+}
+
+// x (M, K) @ w (N, K)^T -> (M, N) in the accumulate type (cuBLAS accumulates fp16/bf16 in fp32 and writes fp32).
+at::Tensor proj(const at::Tensor& x, const at::Tensor& w) {
+  if (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) return at::mm(x, w.t(), at::kFloat);
+  return at::mm(x, w.t());
+}
+
+std::string v3_plan_error(int64_t version, int status, const int* info, int64_t B, int64_t H, at::ScalarType dt) {
+  std::string o = lab::cat("gru v", version, " cannot run batch ", B, ", hidden ", H, ", ", dt, " on this GPU: ");
+  switch (status) {
+    case 1: o += "it keeps W_hh in registers, at most 32 columns per lane over at most 32 lanes, so hidden <= 1024"; break;
+    case 2: o += lab::cat("one block's batch slice (", info[5], " rows) and its gate buffers do not fit in shared memory"); break;
+    case 3: o += lab::cat("its one-barrier-per-step design needs all ", info[8], " blocks co-resident, the GPU holds ",
+                          info[9], " at once"); break;
+    case 4: o += "the device does not support cooperative launches"; break;
+    default: o += lab::cat("a CUDA error while planning the launch (", cudaGetErrorString(cudaGetLastError()), ")"); break;
+  }
+  return o + "; use v2";
+}
+
+void layer_cuda(int64_t version, const at::Tensor& in, const at::Tensor& w_ih, const at::Tensor& w_hh,
+                const at::Tensor& b_ih, const at::Tensor& b_hh, const at::Tensor& h0l, at::Tensor& o) {
+  const int64_t Tn = in.size(0), B = in.size(1), I = in.size(2), H = w_hh.size(1), G = 3 * H;
+  const int dt = dtype_code(in.scalar_type());
+  const int b = lab::check_int32(B, "batch"), h = lab::check_int32(H, "hidden");
+  cudaStream_t st = LAB_STREAM();
+  if (version == 1) {
+    const GatesCuda gru_gates = lab::launcher<GatesCuda>("gru_gates");  // cuda_src/gru/gates.cu
+    for (int64_t t = 0; t < Tn; ++t) {
+      const at::Tensor gi = proj(in.select(0, t), w_ih);                        // (B, 3H) x_t W_ih^T
+      const at::Tensor hp = t == 0 ? h0l : o.select(0, t - 1);                  // undefined: zeros
+      const at::Tensor gh = hp.defined() ? proj(hp, w_hh) : at::Tensor();       // (B, 3H) h W_hh^T
+      LAB_CUDA_CHECK(gru_gates(dt, gi.data_ptr(), G, gh.defined() ? gh.data_ptr() : nullptr, G, b_ih.data_ptr(),
+                               b_hh.data_ptr(), hp.defined() ? hp.data_ptr() : nullptr, H, o.select(0, t).data_ptr(),
+                               H, b, h, st),
+                     "gru v1 gate kernel");
+    }
+    return;
+  }
+  const at::Tensor gi = proj(in.view({Tn * B, I}), w_ih);  // (T*B, 3H): every step's input projection, one GEMM
+  if (version == 2) {
+    const GatesCuda gru_gates = lab::launcher<GatesCuda>("gru_gates");  // cuda_src/gru/gates.cu
+    for (int64_t t = 0; t < Tn; ++t) {
+      const at::Tensor hp = t == 0 ? h0l : o.select(0, t - 1);
+      const at::Tensor gh = hp.defined() ? proj(hp, w_hh) : at::Tensor();
+      LAB_CUDA_CHECK(gru_gates(dt, static_cast<const char*>(gi.data_ptr()) + t * B * G * gi.element_size(), G,
+                               gh.defined() ? gh.data_ptr() : nullptr, G, b_ih.data_ptr(), b_hh.data_ptr(),
+                               hp.defined() ? hp.data_ptr() : nullptr, H, o.select(0, t).data_ptr(), H, b, h, st),
+                     "gru v2 gate kernel");
+    }
+    return;
+  }
+  // cuda_src/gru/v3.cu, the variant of this version (rb 2 / 4) and dtype
+  const V3Cuda gru_v3 = lab::launcher<V3Cuda>(v3_variant("gru_v3", version, dt));
+  LAB_CUDA_CHECK(gru_v3(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
+                        h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), lab::check_int32(Tn, "seq_len"), b, h,
+                        st),
+                 version == 3 ? "gru v3 persistent kernel (cooperative launch)"
+                              : "gru v4 persistent kernel (cooperative launch)");
+}
+#endif
+
+// version 0: the CPU unit's loops (cpp_src/gru/cpu.cpp) on this layer's tensors.
+template <class T>
+void layer_cpu_call(const at::Tensor& in, const at::Tensor& w_ih, const at::Tensor& w_hh, const at::Tensor& b_ih,
+                    const at::Tensor& b_hh, const at::Tensor& h0l, at::Tensor& o) {
+  lab::launcher<LayerCpu<T>>(lab::cat("gru_layer_cpu_", lab::dtype_suffix<T>()))(
+      in.data_ptr<T>(), w_ih.data_ptr<T>(), w_hh.data_ptr<T>(), b_ih.data_ptr<T>(), b_hh.data_ptr<T>(),
+      h0l.defined() ? h0l.data_ptr<T>() : nullptr, o.data_ptr<T>(), in.size(0), in.size(1), in.size(2),
+      w_hh.size(1));
+}
+
+void layer_cpu(const at::Tensor& in, const at::Tensor& w_ih, const at::Tensor& w_hh, const at::Tensor& b_ih,
+               const at::Tensor& b_hh, const at::Tensor& h0l, at::Tensor& o) {
+  if (in.scalar_type() == at::kDouble) return layer_cpu_call<double>(in, w_ih, w_hh, b_ih, b_hh, h0l, o);
+  if (in.scalar_type() == at::kFloat) return layer_cpu_call<float>(in, w_ih, w_hh, b_ih, b_hh, h0l, o);
+  // float16/bfloat16: the float loops on widened copies, the output rounded back
+  at::Tensor of = at::empty(o.sizes(), o.options().dtype(at::kFloat));
+  layer_cpu_call<float>(widened(in), widened(w_ih), widened(w_hh), widened(b_ih), widened(b_hh),
+                        h0l.defined() ? widened(h0l) : at::Tensor(), of);
+  o.copy_(of);
+}
+
+}  // namespace
+
+// ---- gru_forward ------------------------------------------------------------------------------------------------
+std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::optional<at::Tensor>& h0,
+                                               const std::vector<at::Tensor>& params, at::Tensor out, at::Tensor h_n,
+                                               int64_t version) {
+  const std::pair<int64_t, int64_t> dims = check_forward(x, h0, params, out, h_n);
+  const int64_t L = dims.first, H = dims.second;
+  lab::check_version(x, "x", version, 1, kMaxVersion, "gru");
+  const bool has_h0 = h0 && h0->defined();
+  const int64_t Tn = x.size(0), B = x.size(1);
+  if (version >= 3)
+    LAB_CHECK_TYPE(x.scalar_type() != at::kDouble, "gru v", version, " supports Float, Half and BFloat16, got "
+                     "Double (v1, v2 and the CPU version take float64)");
+  at::Tensor in = x;
+  for (int64_t l = 0; l < L; ++l) {
+    at::Tensor o = l == L - 1 ? out : at::empty({Tn, B, H}, x.options());  // layer l's output: layer l+1's input
+    const at::Tensor &w_ih = params[size_t(4 * l)], &w_hh = params[size_t(4 * l + 1)],
+                     &b_ih = params[size_t(4 * l + 2)], &b_hh = params[size_t(4 * l + 3)];
+    const at::Tensor h0l = has_h0 ? h0->select(0, l) : at::Tensor();
+    if (x.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+      c10::cuda::CUDAGuard guard(x.device());
+      if (version >= 3) {
+        int info[10];
+        const int status = v3_plan_call(version, dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
+                                        lab::check_int32(H, "hidden"), info);
+        LAB_CHECK_VALUE(status == 0, v3_plan_error(version, status, info, B, H, x.scalar_type()));
+      }
+      layer_cuda(version, in, w_ih, w_hh, b_ih, b_hh, h0l, o);
+      h_n.select(0, l).copy_(o.select(0, Tn - 1));
+#else
+      LAB_NO_CUDA_BUILD("gru_forward");
+#endif
+    } else {
+      layer_cpu(in, w_ih, w_hh, b_ih, b_hh, h0l, o);
+      h_n.select(0, l).copy_(o.select(0, Tn - 1));
+    }
+    in = o;
+  }
+  return {out, h_n};
+}
+
+// ---- gru_gates: one cell's pointwise half, rows may be strided ---------------------------------------------------
+namespace {
+void check_rows(const at::Tensor& t, const char* name, int64_t rows, int64_t cols, const char* layout) {
+  lab::check_dim(t, name, 2, layout);
+  LAB_CHECK_VALUE(t.size(0) == rows && t.size(1) == cols, name, " must have shape ", layout, " = (", rows, ", ",
+                    cols, "), got ", lab::shape_str(t.sizes()));
+  LAB_CHECK_VALUE(t.stride(1) == 1 && t.stride(0) >= cols, name, " must have unit stride along its last dimension "
+                    "(rows may be strided), got strides ", lab::shape_str(t.strides()));
+}
+}  // namespace
+
+at::Tensor gru_gates_op(const at::Tensor& gi, const std::optional<at::Tensor>& gh,
+                        const std::optional<at::Tensor>& b_ih, const at::Tensor& b_hh,
+                        const std::optional<at::Tensor>& h_prev, at::Tensor h_out) {
+  lab::check_dim(h_out, "h_out", 2, "(batch, hidden)");
+  lab::check_dtype(h_out, "h_out", {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16});
+  const int64_t B = h_out.size(0), H = h_out.size(1);
+  check_rows(h_out, "h_out", B, H, "(batch, hidden)");
+  const at::ScalarType T = h_out.scalar_type(), A = acc_type(T);
+  check_rows(gi, "gi", B, 3 * H, "(batch, 3*hidden)");
+  LAB_CHECK_TYPE(gi.scalar_type() == A, "gi must be ", c10::toString(A), " (the accumulate type of h_out's ",
+                   c10::toString(T), "), got ", c10::toString(gi.scalar_type()));
+  lab::check_same_device(gi, "gi", h_out, "h_out");
+  const bool has_gh = gh && gh->defined(), has_bih = b_ih && b_ih->defined(), has_hp = h_prev && h_prev->defined();
+  if (has_gh) {
+    check_rows(*gh, "gh", B, 3 * H, "(batch, 3*hidden)");
+    LAB_CHECK_TYPE(gh->scalar_type() == A, "gh must be ", c10::toString(A), ", got ",
+                     c10::toString(gh->scalar_type()));
+    lab::check_same_device(*gh, "gh", h_out, "h_out");
+  }
+  using Named = std::pair<const at::Tensor*, const char*>;
+  for (const Named& nt : {Named{has_bih ? &*b_ih : nullptr, "b_ih"}, Named{&b_hh, "b_hh"}}) {
+    const at::Tensor* t = nt.first;
+    const char* name = nt.second;
+    if (!t) continue;
+    lab::check_shape(*t, name, {3 * H}, "(3*hidden,)");
+    lab::check_same_dtype(*t, name, h_out, "h_out");
+    lab::check_same_device(*t, name, h_out, "h_out");
+    lab::check_contiguous(*t, name);
+  }
+  if (has_hp) {
+    check_rows(*h_prev, "h_prev", B, H, "(batch, hidden)");
+    lab::check_same_dtype(*h_prev, "h_prev", h_out, "h_out");
+    lab::check_same_device(*h_prev, "h_prev", h_out, "h_out");
+  }
+  if (h_out.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+    c10::cuda::CUDAGuard guard(h_out.device());
+    const GatesCuda gru_gates = lab::launcher<GatesCuda>("gru_gates");  // cuda_src/gru/gates.cu
+    LAB_CUDA_CHECK(gru_gates(dtype_code(T), gi.data_ptr(), gi.stride(0), has_gh ? gh->data_ptr() : nullptr,
+                             has_gh ? gh->stride(0) : 0, has_bih ? b_ih->data_ptr() : nullptr, b_hh.data_ptr(),
+                             has_hp ? h_prev->data_ptr() : nullptr, has_hp ? h_prev->stride(0) : 0, h_out.data_ptr(),
+                             h_out.stride(0), lab::check_int32(B, "batch"), lab::check_int32(H, "hidden"),
+                             LAB_STREAM()),
+                   "gru gate kernel");
+#else
+    LAB_NO_CUDA_BUILD("gru_gates");
+#endif
+    return h_out;
+  }
+  if (T == at::kFloat || T == at::kDouble) {
+    AT_DISPATCH_FLOATING_TYPES(T, "gru_gates_cpu", [&] {
+      lab::launcher<GatesCpu<scalar_t>>(lab::cat("gru_gates_cpu_", lab::dtype_suffix<scalar_t>()))(
+          gi.data_ptr<scalar_t>(), gi.stride(0), has_gh ? gh->data_ptr<scalar_t>() : nullptr,
+          has_gh ? gh->stride(0) : 0, has_bih ? b_ih->data_ptr<scalar_t>() : nullptr, b_hh.data_ptr<scalar_t>(),
+          has_hp ? h_prev->data_ptr<scalar_t>() : nullptr, has_hp ? h_prev->stride(0) : 0,
+          h_out.data_ptr<scalar_t>(), h_out.stride(0), B, H);
+    });
+    return h_out;
+  }
+  // float16/bfloat16 (gi, gh are float): the float loop on widened biases and h_prev, the result rounded into h_out
+  const at::Tensor bi = has_bih ? widened(*b_ih) : at::Tensor(), bh = widened(b_hh),
+                   hp = has_hp ? widened(*h_prev) : at::Tensor();
+  at::Tensor ho = at::empty({B, H}, h_out.options().dtype(at::kFloat));
+  lab::launcher<GatesCpu<float>>("gru_gates_cpu_f32")(
+      gi.data_ptr<float>(), gi.stride(0), has_gh ? gh->data_ptr<float>() : nullptr, has_gh ? gh->stride(0) : 0,
+      has_bih ? bi.data_ptr<float>() : nullptr, bh.data_ptr<float>(), has_hp ? hp.data_ptr<float>() : nullptr, H,
+      ho.data_ptr<float>(), H, B, H);
+  h_out.copy_(ho);
+  return h_out;
+}
+
+// ---- decoder_prep: the decoder step's token pick and gathers ----------------------------------------------------
+void decoder_prep(const std::optional<at::Tensor>& logits, const std::optional<at::Tensor>& tokens,
+                  const std::optional<at::Tensor>& tokens_out, const at::Tensor& emb, const at::Tensor& gi_table,
+                  const at::Tensor& gi_ctx, at::Tensor xh, at::Tensor gi) {
+  const bool has_logits = logits && logits->defined(), has_tok = tokens && tokens->defined();
+  LAB_CHECK_VALUE(has_logits != has_tok, "decoder_prep takes exactly one of logits (greedy: argmax) and tokens "
+                    "(given ids), got ", has_logits ? "both" : "neither");
+  lab::check_dim(emb, "emb", 2, "(vocab, emb_dim)");
+  lab::check_dtype(emb, "emb", {at::kFloat, at::kDouble});
+  lab::check_contiguous(emb, "emb");
+  const int64_t V = emb.size(0), E = emb.size(1);
+  lab::check_dim(gi_table, "gi_table", 2, "(vocab, 3*hidden)");
+  const int64_t G = gi_table.size(1);
+  lab::check_shape(gi_table, "gi_table", {V, G}, "(vocab, 3*hidden)");
+  lab::check_dim(gi_ctx, "gi_ctx", 2, "(batch, 3*hidden)");
+  const int64_t B = gi_ctx.size(0);
+  lab::check_shape(gi_ctx, "gi_ctx", {B, G}, "(batch, 3*hidden)");
+  lab::check_shape(gi, "gi", {B, G}, "(batch, 3*hidden)");
+  lab::check_dim(xh, "xh", 2, "(batch, emb_dim + hidden)");
+  LAB_CHECK_VALUE(xh.size(0) == B && xh.size(1) >= E && xh.stride(1) == 1, "xh must be (batch, >= emb_dim) = (", B,
+                    ", >= ", E, ") with unit stride along its last dimension, got shape ", lab::shape_str(xh.sizes()),
+                    " strides ", lab::shape_str(xh.strides()));
+  using Named = std::pair<const at::Tensor*, const char*>;
+  for (const Named& nt : {Named{&gi_table, "gi_table"}, Named{&gi_ctx, "gi_ctx"}, Named{&gi, "gi"}}) {
+    const at::Tensor* t = nt.first;
+    const char* name = nt.second;
+    lab::check_same_dtype(*t, name, emb, "emb");
+    lab::check_same_device(*t, name, emb, "emb");
+    lab::check_contiguous(*t, name);
+  }
+  lab::check_same_dtype(xh, "xh", emb, "emb");
+  lab::check_same_device(xh, "xh", emb, "emb");
+  int64_t ldl = 0, nl = 0;
+  if (has_logits) {
+    lab::check_dim(*logits, "logits", 2, "(batch, vocab_out)");
+    LAB_CHECK_VALUE(logits->size(0) == B && logits->size(1) >= 1 && logits->stride(1) == 1, "logits must be (batch, "
+                      "vocab_out) = (", B, ", n >= 1) with unit stride along its last dimension, got shape ",
+                      lab::shape_str(logits->sizes()));
+    lab::check_same_dtype(*logits, "logits", emb, "emb");
+    lab::check_same_device(*logits, "logits", emb, "emb");
+    ldl = logits->stride(0), nl = logits->size(1);
+  } else {
+    lab::check_shape(*tokens, "tokens", {B}, "(batch,)");
+    lab::check_dtype(*tokens, "tokens", {at::kLong});
+    lab::check_same_device(*tokens, "tokens", emb, "emb");
+    lab::check_contiguous(*tokens, "tokens");
+  }
+  if (tokens_out && tokens_out->defined()) {
+    lab::check_shape(*tokens_out, "tokens_out", {B}, "(batch,)");
+    lab::check_dtype(*tokens_out, "tokens_out", {at::kLong});
+    lab::check_same_device(*tokens_out, "tokens_out", emb, "emb");
+    lab::check_contiguous(*tokens_out, "tokens_out");
+  }
+  int64_t* tok_out = tokens_out && tokens_out->defined() ? tokens_out->data_ptr<int64_t>() : nullptr;
+  if (emb.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+    c10::cuda::CUDAGuard guard(emb.device());
+    const DecoderPrepCuda gru_decoder_prep = lab::launcher<DecoderPrepCuda>("gru_decoder_prep");  // gru/decoder.cu
+    LAB_CUDA_CHECK(gru_decoder_prep(dtype_code(emb.scalar_type()), has_logits ? logits->data_ptr() : nullptr, ldl,
+                                    lab::check_int32(nl, "vocab_out"), has_tok ? tokens->data_ptr<int64_t>() : nullptr,
+                                    tok_out, emb.data_ptr(), lab::check_int32(E, "emb_dim"), gi_table.data_ptr(),
+                                    gi_ctx.data_ptr(), lab::check_int32(G, "3*hidden"), lab::check_int32(V, "vocab"),
+                                    xh.data_ptr(), xh.stride(0), gi.data_ptr(), lab::check_int32(B, "batch"),
+                                    LAB_STREAM()),
+                   "gru decoder_prep kernel");
+#else
+    LAB_NO_CUDA_BUILD("decoder_prep");
+#endif
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES(emb.scalar_type(), "decoder_prep_cpu", [&] {
+    const char* sfx = lab::dtype_suffix<scalar_t>();
+    std::vector<int64_t> tok(static_cast<size_t>(B));
+    lab::launcher<TokensCpu<scalar_t>>(lab::cat("decoder_tokens_cpu_", sfx))(
+        has_logits ? logits->data_ptr<scalar_t>() : nullptr, ldl, nl,
+        has_tok ? tokens->data_ptr<int64_t>() : nullptr, tok.data(), B);
+    for (int64_t b = 0; b < B; ++b) {
+      if (!has_logits)
+        LAB_CHECK_VALUE(tok[size_t(b)] >= 0 && tok[size_t(b)] < V, "tokens[", b, "] = ", tok[size_t(b)],
+                          " is outside the vocabulary [0, ", V, ")");
+      LAB_CHECK_VALUE(tok[size_t(b)] < V, "argmax of logits[", b, "] = ", tok[size_t(b)], " is outside the "
+                        "vocabulary of emb [0, ", V, ")");
+      if (tok_out) tok_out[b] = tok[size_t(b)];
+    }
+    lab::launcher<GatherCpu<scalar_t>>(lab::cat("decoder_gather_cpu_", sfx))(
+        tok.data(), emb.data_ptr<scalar_t>(), E, gi_table.data_ptr<scalar_t>(), gi_ctx.data_ptr<scalar_t>(), G,
+        xh.data_ptr<scalar_t>(), xh.stride(0), gi.data_ptr<scalar_t>(), B);
+  });
+}
+
+// ---- the v3 plan, for the notebook ------------------------------------------------------------------------------
+// [status, kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident]; dtype_code: 0 float32, 1 float16, 2 bfloat16
+std::vector<int64_t> v3_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t version) {
+  LAB_CHECK_VALUE(dtype_code_ >= 0 && dtype_code_ <= 2, "dtype_code must be 0 (float32), 1 (float16) or 2 "
+                    "(bfloat16), got ", dtype_code_);
+  LAB_CHECK_VALUE(version == 3 || version == 4, "version must be 3 or 4, got ", version);
+  LAB_CHECK_VALUE(batch >= 1 && hidden >= 1, "batch and hidden must be >= 1, got ", batch, ", ", hidden);
+#ifdef LAB_WITH_CUDA
+  int info[10];
+  const int status = v3_plan_call(version, int(dtype_code_), lab::check_int32(batch, "batch"),
+                                  lab::check_int32(hidden, "hidden"), info);
+  std::vector<int64_t> out{status};
+  for (int i = 0; i < 10; ++i) out.push_back(info[i]);
+  return out;
+#else
+  LAB_NO_CUDA_BUILD("v3_plan");
+  return {};
+#endif
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "GRU family: nn.GRU forward (version 0 = C++ CPU, 1..3 = CUDA), the decoder step's pieces";
+  m.def("gru_forward", lab::bind(gru_forward),
+        "gru_forward(x, h0|None, params, out, h_n, version) -> (out, h_n)");
+  m.def("gru_gates", lab::bind(gru_gates_op),
+        "gru_gates(gi, gh|None, b_ih|None, b_hh, h_prev|None, h_out) -> h_out");
+  m.def("decoder_prep", lab::bind(decoder_prep),
+        "decoder_prep(logits|None, tokens|None, tokens_out|None, emb, gi_table, gi_ctx, xh, gi)");
+  m.def("v3_plan", lab::bind(v3_plan),
+        "v3_plan(batch, hidden, dtype_code, version) -> [status, kpt, s, hb, ph, pb, bb, bc, smem, blocks, "
+        "max_coresident]");
+  LAB_BIND_UNITS(m);
+}

@@ -1,0 +1,129 @@
+// gru — the GRU forward pass (nn.GRU, gate order r, z, n) as a ladder of versions, and the kernels of the
+// seq2seq decoder step that runs without torch.cat.
+//
+//   r_t = sigmoid(W_ir x_t + b_ir + W_hr h_{t-1} + b_hr)
+//   z_t = sigmoid(W_iz x_t + b_iz + W_hz h_{t-1} + b_hz)
+//   n_t = tanh   (W_in x_t + b_in + r_t * (W_hn h_{t-1} + b_hn))
+//   h_t = (1 - z_t) * n_t + z_t * h_{t-1}          reference: torch.nn.GRU with the same weights, in float64
+//
+// Weights as nn.GRU keeps them: w_ih (3H, I), w_hh (3H, H), b_ih (3H), b_hh (3H), rows in gate order r, z, n.
+// Layers run one after another (layer l's output sequence is layer l+1's input). cpp_src/gru/gru.cpp drives them;
+// the matrix products that are plain GEMMs go to cuBLAS through ATen (fp32 output for fp16/bf16 inputs: fp32
+// accumulation, no rounding of the gate pre-activations), the rest is here.
+//
+// Units (each its own build; this header holds what they share):
+//   gates.cu    gates_kernel, the fused pointwise gate kernel of v1/v2 and the decoder step ("gru_gates")
+//   v3.cu       the persistent kernel of v3 and v4 (RB = 2 / 4), its plan and launcher; built once per dtype and
+//               RB (// lab:variants dtype=f32,f16,bf16 rb=2,4): "gru_v3_plan@f32,2", "gru_v3@bf16,4", ...
+//   decoder.cu  decoder_prep_kernel, the decoder step's token pick and gathers ("gru_decoder_prep")
+//   cpp_src/gru/cpu.cpp  the C++ CPU version (version 0) and the CPU loops of gru_gates and decoder_prep
+//
+// Versions (each adds one idea to the one before):
+//   v1: per step, two cuBLAS GEMMs (x_t W_ih^T and h_{t-1} W_hh^T) and one fused pointwise kernel for the gates,
+//       biases and the state update (gates_kernel) — the path of aten's _thnn_fused_gru_cell. 3 launches a step.
+//   v2: the input projection of all T steps as one GEMM up front (it does not depend on h); per step only the
+//       recurrent GEMM and the gate kernel. 2 launches a step, and one well-shaped (T*B, I) x (I, 3H) GEMM.
+//   v3: persistent — one cooperative launch runs all T steps of a layer. W_hh is split across the blocks by hidden
+//       unit and stays in registers (fp32) for the whole sequence; each step a block reads h_{t-1} from L2 into
+//       shared memory, computes its units' 3 gate rows for its batch rows, applies the gates, writes h_t, and the
+//       grid meets at one grid.sync(). The input projection is still one cuBLAS GEMM before the launch.
+//   v4: v3 with four batch rows per pass (12 independent FMA chains instead of 6) and the lane reduction as a
+//       reduce-scatter (13 shuffles per 4 rows instead of 48 for a butterfly): the same work, less exposed latency.
+//
+// v3/v4 work split (H = 512, fp32, 132 SMs, 256 threads a block, one block per SM):
+//   - a block owns Hb = 256/S hidden units and Bb batch rows; a unit's 3 rows of W_hh (r, z, n) are spread over S
+//     lanes of one warp, KPT = H/S columns each: float w[3][KPT] in registers (H=512: S=16, KPT=32, 96 registers;
+//     the whole W_hh, 3 MB, is spread over the register files of 32 blocks; the batch splits into up to Pb = 4
+//     slices, so up to 128 blocks, each holding 96 KB of weights).
+//   - per step a block computes Bb x 3Hb dot products of length H; lanes reduce their partial sums over the S lanes
+//     with shuffles; one thread per (row, unit) applies the gates and keeps its h in fp32 in shared memory (fp16/bf16
+//     outputs are rounded, the recurrence is not).
+//   - the input projection of the step, x_t W_ih^T (from the up-front GEMM), is prefetched with cp.async *before*
+//     the grid barrier: it does not depend on h, so its latency hides behind the wait.
+// What bounds a step (napkin math for H = 512, then what the H100 measured; strict fp32, best launch mode, T = 30):
+//   - B <= 8: latency. The grid barrier (~1.2 us measured on this H100), an L2 round trip for h_{t-1}, 32-FMA
+//     chains and the lane reduction, the gate math, and the barrier's fence waiting for h_t's stores: ~2-3 us a step.
+//     Measured v3: 89 us at B = 1 (2.8 us a step) against cuDNN's 235 us (2.6x; the 3x goal is missed by ~13%),
+//     93 us at B = 8 against 223 us (2.4x). Below this needs a cheaper barrier than a grid-wide one (e.g. a thread
+//     block cluster exchanging h through distributed shared memory), not faster arithmetic.
+//   - B = 128: the FP32 FMA pipe. 2*B*3H*H = 201 MFLOP a step over 128 SMs at 128 FMA/clk/SM is ~3.5 us; the L2
+//     reads of h (each block its Bb = 32 rows, 64 KB) take ~1.5 us; plus the barrier. Measured v3: 413 us against
+//     cuDNN's 639 us (1.55x). Taking the input-projection GEMM at ~60 us (3 GFLOP of strict fp32 at cuBLAS's rate;
+//     an estimate, not timed apart) leaves ~11.7 us a step, 3x the FMA time, and the step time grows linearly with
+//     the batch (~0.07 us a row): one block of 8 warps per SM (96 weight registers a thread leave room for no more)
+//     cannot hide the shared-load, FMA-chain and 4-level-butterfly latencies (SASS: ~275 instructions per pair of
+//     rows, ~550 cycles of issue for the 2 warps of a scheduler, against ~970 cycles implied by the step time).
+//     v4 attacks exactly that. B = 256 (Bb = 64): v3 743 us against 858 us (1.16x, the 1.3x
+//     goal missed); B = 64: 238 us against 474 us (2.0x).
+//   - fp16/bf16 use the same FP32 FMA path (weights converted once into fp32 registers, h read as 16-bit and
+//     widened): half the L2 bytes, the same FMA time; cuDNN's bf16 path uses tensor cores, so the gain over it is
+//     smaller at large batch (notebooks/03_gru.ipynb has the measured numbers).
+//   Limits of v3/v4: H <= 1024 (KPT <= 32 registers per gate row), all Ph x Pb blocks co-resident (checked with the
+//   occupancy API; the call fails with a message naming the limit otherwise), Bb x H of h in shared memory per chunk
+//   (larger batch slices are processed in chunks of BC rows).
+//
+// Decoder step (seq2seq, lab/models/seq2seq.py): decoder_prep_kernel picks the next token (argmax over the logits,
+// first maximum wins like torch.argmax; or takes given tokens), gathers its embedding into the [emb | h] buffer
+// that fc_out reads, and gathers its precomputed GRU input projection (a (vocab, 3H) table: emb @ W_ih_emb^T, once
+// per model) plus the context's share (once per sentence). gates_kernel then writes h_t in place into the same
+// buffer: no torch.cat anywhere.
+//
+// fp32 accuracy under --use_fast_math: tanhf would become MUFU.TANH (~1e-3 relative error), so tanh_acc below is a
+// polynomial near 0 and an exp form elsewhere (~1e-7); sigmoid uses __expf (a few ulp).
+//
+// Launchers (exported to cpp_src/gru/gru.cpp): plain C types, dtype codes below, the launch's cudaError_t returned.
+#pragma once
+
+#include "lab_cuda.cuh"
+#include "lab_unit.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace gru {
+
+enum Dtype { kF32 = 0, kF16 = 1, kBF16 = 2, kF64 = 3 };  // the codes cpp_src/gru/gru.cpp passes
+constexpr int kThreads = 256;
+
+// ---- conversions (torch builds with __CUDA_NO_HALF_CONVERSIONS__: intrinsics only) -------------------------------
+__device__ __forceinline__ float tof(float v) { return v; }
+__device__ __forceinline__ double tof(double v) { return v; }
+__device__ __forceinline__ float tof(__half v) { return __half2float(v); }
+__device__ __forceinline__ float tof(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ double from_d(double v) { return v; }
+
+// Stores of the accumulate type A into the storage type T.
+template <class T, class A> __device__ __forceinline__ T store_as(A v) { return from_f<T>(float(v)); }
+template <> __device__ __forceinline__ double store_as<double, double>(double v) { return v; }
+
+// ---- activations ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + __expf(-x)); }
+__device__ __forceinline__ double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+// tanh to ~1e-7 relative without MUFU.TANH: odd Taylor series to x^13 for |x| < 0.5 (truncation < 5e-8 relative),
+// 1 - 2/(e^{2|x|} + 1) above (no cancellation there: the result is > 0.46).
+__device__ __forceinline__ float tanh_acc(float x) {
+  const float a = fabsf(x);
+  if (a < 0.5f) {
+    const float x2 = x * x;
+    float p = 21844.f / 6081075.f;
+    p = fmaf(p, x2, -1382.f / 155925.f);
+    p = fmaf(p, x2, 62.f / 2835.f);
+    p = fmaf(p, x2, -17.f / 315.f);
+    p = fmaf(p, x2, 2.f / 15.f);
+    p = fmaf(p, x2, -1.f / 3.f);
+    return fmaf(p * x2, x, x);
+  }
+  const float t = 1.f - 2.f / (__expf(2.f * a) + 1.f);
+  return copysignf(t, x);
+}
+__device__ __forceinline__ double tanh_acc(double x) { return tanh(x); }
+
+}  // namespace gru
