@@ -211,7 +211,12 @@ auto bind(R (*f)(A...)) {
 
 // ---- units: launchers built apart, handed over as function pointers (lab_unit.h) -------------------------------
 // name -> function, filled by lab/build.py through _lab_register each time a unit is (re)built or loaded.
-inline std::unordered_map<std::string, void*>& launchers() {
+// One table per binding, hence the unnamed namespace: a function-local static of an `inline` function is emitted by
+// g++ as a STB_GNU_UNIQUE symbol, which the dynamic linker merges across every module of the process (RTLD_LOCAL
+// notwithstanding) — every family's binding would then share one table, and a second family's _lab_register(clear)
+// would wipe the first's launchers (seen in CI: gru's binding looked up 'gru_layer_cpu_f32' in rope's table).
+namespace {
+[[maybe_unused]] std::unordered_map<std::string, void*>& launchers() {
   static std::unordered_map<std::string, void*> table;
   return table;
 }
@@ -236,6 +241,7 @@ Fn launcher(const std::string& name) {
   }
   return reinterpret_cast<Fn>(it->second);
 }
+}  // namespace
 
 // The dtype part of a launcher's name: "f32", "f64", "f16", "bf16".
 inline const char* dtype_suffix(at::ScalarType t) {

@@ -56,10 +56,14 @@ struct LabCpuRuntime {
 
 namespace lab {
 
-inline const LabCpuRuntime*& cpu_runtime_slot() {
+// Per unit (unnamed namespace, not a GNU-unique inline static shared by every unit in the process): see launchers()
+// in lab_common.h.
+namespace {
+[[maybe_unused]] const LabCpuRuntime*& cpu_runtime_slot() {
   static const LabCpuRuntime* rt = nullptr;
   return rt;
 }
+}  // namespace
 
 // f(lo, hi) over [begin, end), on torch's thread pool once the binding handed it over; serially before that.
 template <class F>

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import itertools
@@ -48,6 +49,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -291,12 +293,27 @@ class Spec:
         return self.binding.build_dir
 
 
+@functools.lru_cache(maxsize=None)
+def _no_gnu_unique() -> list[str]:
+    """["-fno-gnu-unique"] when the host compiler is GCC. GCC emits an `inline` function's static (a device-facts
+    cache, a registry) as an STB_GNU_UNIQUE symbol, which the dynamic linker merges across every module of the
+    process whatever RTLD_LOCAL says: a unit rebuilt after an edit would then share -- or, after a header edit that
+    changes its layout, misread -- the statics of the copy it replaces, and two families' bindings would share one
+    table. Each module keeps its own with this flag (clang does not emit such symbols)."""
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [] if "clang" in out.lower() else ["-fno-gnu-unique"]
+
+
 def _flags(flavor: str) -> tuple[list[str], list[str], str]:
-    cflags = list(CPP_FLAGS) + (["-DLAB_WITH_CUDA"] if flavor == "cuda" else [])
+    cflags = list(CPP_FLAGS) + _no_gnu_unique() + (["-DLAB_WITH_CUDA"] if flavor == "cuda" else [])
     if flavor != "cuda":
         return cflags, [], ""
     flags, arch = cuda_arch()
-    return cflags, list(CUDA_FLAGS) + flags, arch
+    return cflags, list(CUDA_FLAGS) + [f"-Xcompiler={f}" for f in _no_gnu_unique()] + flags, arch
 
 
 def spec(family: str, flavor: str | None = None, only=None) -> Spec:
@@ -326,11 +343,12 @@ def spec(family: str, flavor: str | None = None, only=None) -> Spec:
     filtered: list[str] = []
     for p in sorted((env.CPP_SRC / family).glob("*.cpp")):
         if p != bsrc:
-            units += _unit_targets(family, "cpu", p, list(CPP_FLAGS), [], "", want, filtered)
+            units += _unit_targets(family, "cpu", p, list(CPP_FLAGS) + _no_gnu_unique(), [], "", want, filtered)
     cus = sorted((env.CUDA_SRC / family).glob("*.cu"))
     if flavor == "cuda":
         for p in cus:
-            units += _unit_targets(family, "cuda", p, list(CPP_FLAGS), cuda_cflags, arch, want, filtered)
+            units += _unit_targets(family, "cuda", p, list(CPP_FLAGS) + _no_gnu_unique(), cuda_cflags, arch, want,
+                                   filtered)
     return Spec(family, flavor, binding, units, cus if flavor == "cpu" else [], filtered)
 
 

@@ -8,8 +8,9 @@ repository's files and cache are untouched and nothing is warm that a new user w
 - import_lab_over_torch   `import lab` after `import torch`, in a new process (what lab adds)
 - cold_build_all          every family from an empty cache, in one process (the units build in parallel)
 - cached_load_new_process `lab.load(family)` in a new process once everything is cached
-- edit_unit               a one-line edit of one unit (each CUDA unit of the family, and its CPU unit), then
-                          `lab.load(family)` in the same process: the rebuild + reload a notebook user waits for
+- edit_unit               a one-line edit of one CUDA unit (each of the family's, in turn), then `lab.load(family)`
+                          in the same process: the rebuild + reload a notebook user waits for
+- edit_cpu_unit           the same for the CPU version's unit
 - edit_shared_header      the family's shared device header (cuda_src/<family>/<family>.cuh)
 - edit_binding            the binding (cpp_src/<family>/<family>.cpp)
 - edit_lab_common         cpp_src/lab_common.h (every binding includes it)
@@ -31,7 +32,8 @@ from pathlib import Path
 
 from . import env
 
-COLUMNS = ["family", "flavor", "event", "target", "seconds", "device_name", "cpus", "torch", "commit", "timestamp"]
+COLUMNS = ["family", "flavor", "event", "target", "seconds", "device_name", "cpus", "torch", "commit", "timestamp",
+           "run_id"]
 
 _IMPORT = r"""
 import json, time
@@ -97,7 +99,7 @@ def edits_for(family: str, flavor: str, src: Path) -> list[tuple[str, str]]:
             out += [("edit_unit", f"cuda_src/{family}/{p.name}") for p in sorted((cu / family).glob("*.cu"))]
             if (cu / family / f"{family}.cuh").exists():
                 out.append(("edit_shared_header", f"cuda_src/{family}/{family}.cuh"))
-        out += [("edit_unit", f"cpp_src/{family}/{p.name}") for p in sorted((cpp / family).glob("*.cpp"))
+        out += [("edit_cpu_unit", f"cpp_src/{family}/{p.name}") for p in sorted((cpp / family).glob("*.cpp"))
                 if p.stem != family]
         out.append(("edit_binding", f"cpp_src/{family}/{family}.cpp"))
     else:
@@ -111,7 +113,7 @@ def edits_for(family: str, flavor: str, src: Path) -> list[tuple[str, str]]:
 
 def run(families: list[str] | None = None, flavor: str | None = None, record: bool = True,
         verbose: bool = True) -> list[dict]:
-    from . import build
+    from . import build, results
     flavor = flavor or build.default_flavor()
     fams = families or build.families_on_disk()
     stamp = env.machine()
@@ -121,7 +123,7 @@ def run(families: list[str] | None = None, flavor: str | None = None, record: bo
         rows.append({"family": family, "flavor": flavor, "event": event, "target": target,
                      "seconds": round(float(seconds), 3), "device_name": stamp["device_name"],
                      "cpus": os.cpu_count(), "torch": stamp["torch"], "commit": stamp["commit"],
-                     "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                     "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "run_id": results.RUN_ID})
         if verbose:
             print(f"[lab] buildtime {family:<8} {event:<24} {target:<34} {seconds:7.2f} s", flush=True)
 
@@ -173,3 +175,67 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"{r['family']:<9} {r['event']:<24} {r['target'] or '':<36} {r['seconds']:8.2f}")
     return "\n".join(lines)
+
+
+GOALS = {"edit_unit": 3.0, "edit_cpu_unit": 6.0, "edit_binding": 6.0, "edit_shared_header": 6.0,
+         "cold_build_all": 15.0, "import_lab_over_torch": 0.5, "cached_load_new_process": 0.3}
+
+
+def latest_run(rows: list[dict], device_name: str | None = None) -> list[dict]:
+    """The rows of the newest buildtime run (by run_id) that has a cold build, optionally for one device."""
+    rows = [r for r in rows if (device_name is None or r["device_name"] == device_name) and r.get("run_id")]
+    runs = [r for r in rows if r["event"] == "cold_build_all"]
+    if not runs:
+        return []
+    rid = max(runs, key=lambda r: r["timestamp"])["run_id"]
+    return [r for r in rows if r["run_id"] == rid]
+
+
+def readme_table(rows: list[dict]) -> str:
+    """Markdown: per family, the worst one-line edit of each kind, from the newest run of each device."""
+    out = []
+    for dev in sorted({r["device_name"] for r in rows}):
+        run_ = latest_run(rows, dev)
+        if not run_ or not any(r["event"] == "cold_build_all" for r in run_):
+            continue
+        first = run_[0]
+        g = {r["event"]: float(r["seconds"]) for r in run_ if r["family"] == "(all)"}
+        out.append(f"**{dev}**, {first['cpus']} cores, torch {first['torch']}, commit {first['commit']} "
+                   f"({first['timestamp'][:10]}): cold build of every family {g.get('cold_build_all', 0):.1f} s "
+                   f"(goal ≤ {GOALS['cold_build_all']:.0f} s on the H100 machine); `import lab` over `import torch` "
+                   f"{g.get('import_lab_over_torch', 0):.2f} s (goal ≤ {GOALS['import_lab_over_torch']} s).\n")
+        out.append("| family | edit one unit: slowest (which) | CPU version | shared header | binding | "
+                   "`lab_common.h` | cached load, new process |")
+        out.append("|---|---|---|---|---|---|---|")
+        for fam in sorted({r["family"] for r in run_} - {"(all)"}):
+            fr = [r for r in run_ if r["family"] == fam]
+
+            def worst(pred):
+                sel = [r for r in fr if pred(r)]
+                return max(sel, key=lambda r: float(r["seconds"])) if sel else None
+
+            cu = worst(lambda r: r["event"] == "edit_unit")
+            cpu = worst(lambda r: r["event"] == "edit_cpu_unit")
+            cells = [f"{float(cu['seconds']):.1f} s ({Path(cu['target']).name})" if cu else "–",
+                     f"{float(cpu['seconds']):.1f} s" if cpu else "–"]
+            for ev in ("edit_shared_header", "edit_binding", "edit_lab_common", "cached_load_new_process"):
+                r = worst(lambda r, ev=ev: r["event"] == ev)
+                cells.append(f"{float(r['seconds']):.2f} s" if r and ev == "cached_load_new_process" else
+                             f"{float(r['seconds']):.1f} s" if r else "–")
+            out.append(f"| {fam} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out) or "(no build-time rows yet: run `python -m lab buildtime`)"
+
+
+def write_readme(path: Path | None = None) -> Path:
+    """Regenerate README's build-time table (between the buildtime markers) from results/build_times.csv."""
+    from . import results
+    path = path or env.ROOT / "README.md"
+    rows = results.read(env.RESULTS / "build_times.csv", numeric=set())
+    text = path.read_text()
+    a, b = "<!-- buildtime:begin -->", "<!-- buildtime:end -->"
+    if a not in text or b not in text:
+        raise ValueError(f"{path} has no {a} ... {b} markers")
+    i, j = text.index(a) + len(a), text.index(b)
+    path.write_text(text[:i] + "\n" + readme_table(rows) + "\n" + text[j:])
+    return path

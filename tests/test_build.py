@@ -357,3 +357,15 @@ def test_old_torch_is_refused_with_the_floor():
     with pytest.raises(build.BuildError, match=r"torch 2\.3\.1 is too old.*>= "):
         build.check_torch("2.3.1")
     build.check_torch(torch.__version__)
+
+
+def test_two_families_keep_their_own_launcher_tables():
+    """Each binding has its own name -> launcher table. (An `inline` function's static is a GNU-unique symbol that
+    the dynamic linker shares across modules: rope's registration then wiped basics' launchers.)"""
+    basics = build.load("basics", "cpu", verbose=False)
+    rope = build.load("rope", "cpu", verbose=False)
+    b, r = set(basics._lab_launchers()), set(rope._lab_launchers())
+    assert b and r and not (b & r)
+    assert all(n.startswith("rope_") for n in r), sorted(r)[:5]
+    x = torch.randn(37, dtype=torch.float64)
+    torch.testing.assert_close(basics.square(x, torch.empty_like(x), 0), x * x)  # still its own launchers
