@@ -91,6 +91,14 @@ def _worker(conn, jobs: list[Job], setup: dict) -> None:
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
+    # Build/load the jobs' families now, so that a job's timeout bounds the version's run and not a cold build.
+    from . import build
+    for fam in dict.fromkeys(j.family for j in jobs):
+        try:
+            build.load(fam, verbose=False)
+        except Exception:  # noqa: BLE001 — a family that does not build: its jobs raise the error themselves
+            pass
+    conn.send((0, "ready", None))
     for i, job in enumerate(jobs):
         try:
             res = _run_job(job)
@@ -125,8 +133,8 @@ def _signal_name(code: int | None) -> str:
 def run_jobs(jobs: list[Job], timeout: float = 60.0, imports: list[str] | None = None,
              env: dict | None = None, start_timeout: float = 300.0, progress: bool = False) -> list[Any]:
     """Run jobs in worker processes; returns one entry per job: its result (a list of CheckResult or of bench
-    rows) or a Failure. `timeout` bounds each job; `start_timeout` bounds a worker's start-up plus its first job
-    (importing torch and lab, loading built modules)."""
+    rows) or a Failure. `timeout` bounds each job's run; `start_timeout` bounds a worker's start-up (importing torch
+    and lab, building or loading the jobs' families), which ends before its first job starts."""
     from .registry import EXTERNAL
     ctx = mp.get_context("spawn")
     out: list[Any] = [None] * len(jobs)
@@ -139,22 +147,18 @@ def run_jobs(jobs: list[Job], timeout: float = 60.0, imports: list[str] | None =
         p = ctx.Process(target=_worker, args=(child, rest, setup), daemon=True)
         p.start()
         child.close()
-        i, first = 0, True
-        restart = False
+        i, restart = 0, False
+        ready = _wait(parent, p, start_timeout)
+        if ready is None or ready[0] == "eof":
+            # start-up (imports, build) hung or crashed: the first job's result; the rest get a fresh worker
+            _kill(p)
+            what = (f"worker did not start within {start_timeout:g} s" if ready is None else
+                    f"worker died ({_signal_name(p.exitcode)}) while starting")
+            out[start] = Failure(rest[0], what)
+            start += 1
+            continue
         while i < len(rest):
-            limit = timeout + (start_timeout if first else 0.0)
-            t0 = time.monotonic()
-            got = None
-            while time.monotonic() - t0 < limit:
-                if parent.poll(0.1):
-                    try:
-                        got = parent.recv()
-                    except EOFError:
-                        got = ("eof",)
-                    break
-                if not p.is_alive() and not parent.poll(0.05):
-                    got = ("eof",)
-                    break
+            got = _wait(parent, p, timeout)
             if got is None:
                 _kill(p)
                 out[start + i] = Failure(rest[i], f"timed out after {timeout:g} s")
@@ -175,7 +179,6 @@ def run_jobs(jobs: list[Job], timeout: float = 60.0, imports: list[str] | None =
             if progress:
                 print(f"[lab] isolated {rest[idx].label or rest[idx].version}: {status}", flush=True)
             i = idx + 1
-            first = False
         if p.is_alive():
             p.join(10 if not restart else 2)
             _kill(p)
@@ -183,6 +186,20 @@ def run_jobs(jobs: list[Job], timeout: float = 60.0, imports: list[str] | None =
         if not restart and i >= len(rest):
             break
     return out
+
+
+def _wait(conn, p, limit: float):
+    """The worker's next message, ("eof",) if it died, or None after `limit` seconds."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        if conn.poll(0.1):
+            try:
+                return conn.recv()
+            except EOFError:
+                return ("eof",)
+        if not p.is_alive() and not conn.poll(0.05):
+            return ("eof",)
+    return None
 
 
 def _kill(p) -> None:

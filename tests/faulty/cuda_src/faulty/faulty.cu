@@ -15,9 +15,12 @@ __global__ void scale_oob(const float* x, float* y, int64_t n) {
   if (i < n) y[i + (int64_t(1) << 34)] = 2.0f * x[i];
 }
 
+// Nothing writes `faulty_stop`; each volatile read goes to memory, so nvcc cannot prove the loop ends and keep it
+// out. (A volatile *local* does not do: on the H100 nvcc dropped that loop and the kernel returned.)
+__device__ int faulty_stop = 0;
+
 __global__ void scale_spin(const float* x, float* y, int64_t n) {
-  volatile int go = 1;
-  while (go) {
+  while (!*static_cast<volatile int*>(&faulty_stop)) {
   }
   if (n) y[0] = x[0];
 }
