@@ -207,10 +207,13 @@ def cmd_buildtime(args) -> int:
     from . import buildtime
     if args.readme:
         print(f"[lab] wrote {buildtime.write_readme()}")
+        print(f"[lab] wrote {buildtime.plot()}")
         return 0
     rows = buildtime.run(args.families or None, flavor="cuda" if (env.has_gpu() or args.cuda) else "cpu",
                          record=not args.dry)
     print(buildtime.table(rows))
+    if not args.dry:
+        print(f"[lab] wrote {buildtime.plot()}")
     return 0
 
 
@@ -274,7 +277,7 @@ def main(argv=None) -> int:
     sp.add_argument("families", nargs="*")
     sp.add_argument("--cuda", action="store_true", help="the CUDA flavor without a GPU (needs TORCH_CUDA_ARCH_LIST)")
     sp.add_argument("--dry", action="store_true", help="do not append to results/build_times.csv")
-    sp.add_argument("--readme", action="store_true", help="only regenerate README's build-time table from the CSV")
+    sp.add_argument("--readme", action="store_true", help="only regenerate README's build-time table and results/plots/build_times.png from the CSV")
     args = p.parse_args(argv)
     handler = {"list": cmd_list, "build": cmd_build, "check": cmd_check, "bench": cmd_bench,
                "profile": cmd_profile, "plot": cmd_plot, "report": cmd_report, "watch": cmd_watch,

@@ -47,6 +47,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -741,42 +742,66 @@ def _compile(t: Target, verbose: bool) -> bool:
         _unit_build_seconds[t.display] = seconds
         if verbose:
             print(f"[lab]   compiled {t.display} in {seconds:.1f} s", flush=True)
+        if t.kind == "binding" and pch is None:
+            start_pch(t)
         return True
 
 
-def _pch_flags(t: Target) -> list[str]:
-    """The flags torch's ninja file gives a binding's main.cpp, less the module name (which g++ would otherwise check
-    against the PCH: defined alike, so one PCH serves every family)."""
-    import sysconfig
-    from torch.utils import cpp_extension
-    with_cuda = "-DLAB_WITH_CUDA" in t.cflags
-    sys_inc = cpp_extension.include_paths("cuda" if with_cuda else "cpu") + [sysconfig.get_path("include")]
-    return (["-DTORCH_API_INCLUDE_EXTENSION_H", f"-I{env.CPP_SRC}", f"-I{env.CUDA_SRC}"] +
-            [f for p in sys_inc for f in ("-isystem", p)] + ["-fPIC", "-std=c++20"] + t.cflags)
+def _pch_flags(t: Target) -> list[str] | None:
+    """The flags torch's ninja file gave this binding's main.cpp (read back from the build.ninja it wrote: they vary
+    with the torch version -- -std, -D_GLIBCXX_USE_CXX11_ABI, pybind11's ABI macros -- and g++ rejects a PCH built
+    with other macros or dialect), less the module name, which differs per family and which lab_common.h does not
+    use. None before the binding was first built."""
+    ninja = t.build_dir / "build.ninja"
+    if not ninja.exists():
+        return None
+    vals = {}
+    for ln in ninja.read_text().splitlines():
+        k, sep, v = ln.partition(" = ")
+        if sep and k in ("cflags", "post_cflags"):
+            vals[k] = shlex.split(v)
+    if "cflags" not in vals:
+        return None
+    return [f for f in vals["cflags"] + vals.get("post_cflags", []) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
+
+
+def _pch_key_dir(t: Target) -> Path | None:
+    hdr = env.CPP_SRC / PCH_HEADER
+    if t.kind not in ("binding", "module") or os.environ.get("LAB_PCH", "1") == "0":
+        return None
+    if not hdr.exists() or hdr not in t.headers:
+        return None
+    # what decides torch's flags and the header's content: the binding's flags, torch, Python, the header files
+    h = hashlib.sha256(json.dumps([t.cflags, t.arch, torch.__version__, sys.version, BUILD_FORMAT,
+                                   str(env.CPP_SRC)]).encode())
+    for p in [hdr] + headers([hdr]):
+        h.update(p.read_bytes())
+    return env.cache_dir() / f"pch-{h.hexdigest()[:16]}"
 
 
 def pch_dir(t: Target) -> Path | None:
-    """For a binding: the folder holding a valid lab_common.h.gch for its flags (built here if missing), or None
-    (PCH off, not a binding, or the PCH build failed: the binding then compiles the header as usual)."""
-    if t.kind not in ("binding", "module") or os.environ.get("LAB_PCH", "1") == "0":
+    """For a binding: the folder holding a lab_common.h.gch that g++ was seen to accept with this binding's flags, or
+    None (PCH off, not a binding, not built yet, or rejected: the binding then compiles the header as usual)."""
+    d = _pch_key_dir(t)
+    if d is None or not (d / "accepted").exists():
         return None
-    hdr = env.CPP_SRC / PCH_HEADER
-    if not hdr.exists() or hdr not in t.headers:
-        return None
+    return d
+
+
+def start_pch(t: Target) -> None:
+    """After a binding was compiled: build the PCH for its configuration in the background (once per process), for
+    the next binding build. Waiting for it would put it on the cold build's critical path."""
+    d = _pch_key_dir(t)
+    if d is None or (d / "accepted").exists() or (d / "rejected.log").exists():
+        return
     flags = _pch_flags(t)
-    h = hashlib.sha256(json.dumps([flags, torch.__version__, sys.version, BUILD_FORMAT]).encode())
-    for p in [hdr] + headers([hdr]):
-        h.update(p.read_bytes())
-    d = env.cache_dir() / f"pch-{h.hexdigest()[:16]}"
-    if (d / f"{PCH_HEADER}.gch").exists():
-        return d
-    # Not built yet: build it in the background for the next binding build, and compile this one without it
-    # (waiting would put the PCH on the cold build's critical path).
+    if flags is None:
+        return
     with _pch_lock:  # not _lock: load() holds that while the build pool's threads get here
-        if d not in _pch_started:
-            _pch_started.add(d)
-            threading.Thread(target=_build_pch, args=(d, flags, hdr), daemon=True).start()
-    return None
+        if d in _pch_started:
+            return
+        _pch_started.add(d)
+        threading.Thread(target=_build_pch, args=(d, flags, env.CPP_SRC / PCH_HEADER), daemon=True).start()
 
 
 _pch_started: set = set()
@@ -784,12 +809,11 @@ _pch_lock = threading.Lock()
 
 
 def _build_pch(d: Path, flags: list[str], hdr: Path) -> None:
-    import subprocess
     from torch.utils import cpp_extension
     gch = d / f"{PCH_HEADER}.gch"
     d.mkdir(parents=True, exist_ok=True)
     with _flock(d / ".lab-build.lock", "the precompiled header", False):
-        if gch.exists():
+        if (d / "accepted").exists() or (d / "rejected.log").exists():
             return
         for old in env.cache_dir().glob("pch-*"):   # a stale PCH is ~0.5 GB: keep one per configuration
             if old != d and time.time() - old.stat().st_mtime > 600:
@@ -802,10 +826,24 @@ def _build_pch(d: Path, flags: list[str], hdr: Path) -> None:
                            text=True)
         if r.returncode != 0:
             tmp.unlink(missing_ok=True)
-            (d / "last-error.log").write_text(r.stderr)
+            (d / "rejected.log").write_text("building the PCH failed:\n" + r.stderr)
             return
         os.replace(tmp, gch)
         _unit_build_seconds[f"{PCH_HEADER}.gch"] = time.perf_counter() - t0
+        # g++ drops a PCH it finds unfit without a word (and parses the header instead): ask it. With -H it prints
+        # "! <path>.gch" for a PCH it uses; -Winvalid-pch says why not. ~0.5 s when it is accepted.
+        probe = d / "probe.cpp"
+        probe.write_text(f'#include "{PCH_HEADER}"\n')
+        r = subprocess.run([cxx, f"-I{d}", *flags, "-H", "-Winvalid-pch", "-fsyntax-only", str(probe)],
+                           capture_output=True, text=True)
+        if r.returncode == 0 and any(ln.startswith("! ") and ln.rstrip().endswith(".gch")
+                                     for ln in r.stderr.splitlines()):
+            (d / "flags.json").write_text(json.dumps(flags))
+            (d / "accepted").write_text("")
+        else:
+            gch.unlink(missing_ok=True)
+            (d / "rejected.log").write_text("g++ did not use the PCH:\n" + "\n".join(
+                ln for ln in r.stderr.splitlines() if not ln.startswith(". ")))
 
 
 def wait_for_pch(timeout: float = 600) -> None:

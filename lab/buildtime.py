@@ -71,12 +71,18 @@ build.load(family, flavor, verbose=False)
 out = []
 for event, rel in edits:
     p = env.SRC_ROOT / rel
+    original = p.read_text()
     time.sleep(1.0)
-    p.write_text(p.read_text() + "\n// edited by lab.buildtime\n")
+    # (the family in the line: an edit of a shared header is new content for every family, never a cached one)
+    p.write_text(original + f"\n// edited by lab.buildtime ({family})\n")
     t0 = time.perf_counter()
     build.load(family, flavor, verbose=False, max_age=0)
     out.append([event, rel, time.perf_counter() - t0])
     build.wait_for_pch()
+    # Each edit starts from the pristine tree: put the file back (its build is still cached: a reload, not a
+    # compile). Left edited, a lab_common.h edit made every later family's "cached" load rebuild its binding.
+    p.write_text(original)
+    build.load(family, flavor, verbose=False, max_age=0)
 print("LAB_TIMES", json.dumps(out))
 """
 
@@ -118,6 +124,7 @@ def run(families: list[str] | None = None, flavor: str | None = None, record: bo
     fams = families or build.families_on_disk()
     stamp = env.machine()
     rows: list[dict] = []
+    recorded: list[dict] = []
 
     def add(family, event, target, seconds):
         rows.append({"family": family, "flavor": flavor, "event": event, "target": target,
@@ -151,8 +158,9 @@ def run(families: list[str] | None = None, flavor: str | None = None, record: bo
                 print(f"[lab] buildtime: editing {fam} ...", flush=True)
             for event, target, sec in _probe(_EDITS, [fam, flavor, json.dumps(edits_for(fam, flavor, src))], penv):
                 add(fam, event, target, sec)
-    if record:
-        append(rows)
+            if record:  # family by family: a run stopped part-way keeps what it measured
+                append([r for r in rows if r not in recorded])
+                recorded.extend(r for r in rows if r not in recorded)
     return rows
 
 
@@ -207,6 +215,9 @@ def readme_table(rows: list[dict]) -> str:
         out.append("| family | edit one unit: slowest (which) | CPU version | shared header | binding | "
                    "`lab_common.h` | cached load, new process |")
         out.append("|---|---|---|---|---|---|---|")
+        out.append(f"| *goal* | ≤ {GOALS['edit_unit']:g} s | ≤ {GOALS['edit_cpu_unit']:g} s | "
+                   f"≤ {GOALS['edit_shared_header']:g} s | ≤ {GOALS['edit_binding']:g} s | – | "
+                   f"≤ {GOALS['cached_load_new_process']:g} s |")
         for fam in sorted({r["family"] for r in run_} - {"(all)"}):
             fr = [r for r in run_ if r["family"] == fam]
 
@@ -225,6 +236,59 @@ def readme_table(rows: list[dict]) -> str:
             out.append(f"| {fam} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out) or "(no build-time rows yet: run `python -m lab buildtime`)"
+
+
+_PLOT_EVENTS = [("edit_unit", "one CUDA unit"), ("edit_shared_header", "shared .cuh"),
+                ("edit_cpu_unit", "CPU unit"), ("edit_binding", "binding .cpp"), ("edit_lab_common", "lab_common.h"),
+                ("cached_load_new_process", "cached load,\nnew process")]
+
+
+def plot(rows: list[dict] | None = None, device_name: str | None = None) -> Path | None:
+    """results/plots/build_times.png: per family, each kind of one-line edit (every unit's edit as a dot, the bar at
+    the slowest), with the goal of each kind dashed; the newest run of one device (default: the newest run)."""
+    from . import results
+    rows = rows if rows is not None else results.read(env.RESULTS / "build_times.csv", numeric=set())
+    run_ = latest_run(rows, device_name)
+    if not run_:
+        return None
+    from .plot import plt, save_figure
+    fams = sorted({r["family"] for r in run_} - {"(all)"})
+    kinds = [(e, lbl) for e, lbl in _PLOT_EVENTS if any(r["event"] == e for r in run_)]
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.6 * len(fams) + 3), 4.6))
+    w = 0.8 / max(1, len(kinds))
+    cmap = plt.get_cmap("tab10")
+    for k, (ev, lbl) in enumerate(kinds):
+        xs, hs = [], []
+        for i, fam in enumerate(fams):
+            vals = [float(r["seconds"]) for r in run_ if r["family"] == fam and r["event"] == ev]
+            if not vals:
+                continue
+            x = i - 0.4 + w * (k + 0.5)
+            xs.append(x)
+            hs.append(max(vals))
+            if len(vals) > 1:
+                ax.scatter([x] * len(vals), vals, s=9, color="black", zorder=3, linewidths=0)
+        ax.bar(xs, hs, w * 0.92, color=cmap(k), label=lbl)
+        goal = GOALS.get(ev)
+        if goal:
+            for x in xs:
+                ax.plot([x - w / 2, x + w / 2], [goal, goal], color="black", lw=1.0, ls="--", zorder=4)
+    ax.set_yscale("log")
+    top = max(float(r["seconds"]) for r in run_ if r["family"] != "(all)")
+    ax.set_ylim(top=top * 8)  # room for the legend above the bars
+    ax.set_xticks(range(len(fams)), fams)
+    ax.set_ylabel("seconds until the next call runs the edit (log)")
+    g = {r["event"]: float(r["seconds"]) for r in run_ if r["family"] == "(all)"}
+    ax.set_title(f"Edit-and-rerun: one-line edits, then lab.load  (cold build of all: "
+                 f"{g.get('cold_build_all', float('nan')):.1f} s; dashed: goals)", fontsize=10)
+    ax.legend(fontsize=8, ncol=3, loc="upper left")
+    ax.grid(axis="y", which="both", alpha=0.3)
+    first = run_[0]
+    fig.text(0.01, 0.01, f"{first['device_name']} · {first['cpus']} cores · torch {first['torch']} · commit "
+             f"{first['commit']} · {first['timestamp']} · dots: each unit's edit, bar: the slowest",
+             fontsize=7, color="0.35", va="bottom")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return save_figure(fig, "build_times")
 
 
 def write_readme(path: Path | None = None) -> Path:

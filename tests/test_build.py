@@ -369,3 +369,19 @@ def test_two_families_keep_their_own_launcher_tables():
     assert all(n.startswith("rope_") for n in r), sorted(r)[:5]
     x = torch.randn(37, dtype=torch.float64)
     torch.testing.assert_close(basics.square(x, torch.empty_like(x), 0), x * x)  # still its own launchers
+
+
+def test_the_precompiled_header_is_accepted_by_gcc_with_the_bindings_flags():
+    """The PCH is built with the flags torch's ninja file gave a binding, then g++ is asked (-H) whether it uses it.
+    (Built from reconstructed flags, it was silently rejected on the H100's torch: binding edits took 22 s there.)"""
+    if os.environ.get("LAB_PCH", "1") == "0":
+        pytest.skip("LAB_PCH=0")
+    build.load("basics", "cpu", verbose=False)
+    binding = build.spec("basics", "cpu").binding
+    build.start_pch(binding)
+    build.wait_for_pch()
+    d = build._pch_key_dir(binding)
+    assert d is not None
+    rejected = d / "rejected.log"
+    assert build.pch_dir(binding) == d, rejected.read_text() if rejected.exists() else "no PCH was built"
+    assert (d / f"{build.PCH_HEADER}.gch").exists()
