@@ -123,7 +123,11 @@ def speedup_bars(op: Op, dtype: str, device_name: str | None = None, rows: list[
                     ha="center", va="bottom", fontsize=7 if len(sel) <= 8 else 5.5)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_ylim(0, max(vals) * 1.2)          # room for the two-line labels above the tallest bar
-    ax.set_ylabel(f"speedup over {op.baseline} (time ratio)")
+    bases = sorted({r["baseline"] for r in sel if r.get("baseline")})
+    # rows since the same-mode rule name "torch (graph)"; older rows name only the baseline (eager was the divisor)
+    same = bases and all(b.endswith(")") for b in bases)
+    ax.set_ylabel("speedup: time ratio over\n" + (", ".join(bases) if bases else op.baseline) +
+                  ("\n(same mode, same precision)" if same else "\n(its eager run: rows of an older run)"), fontsize=8)
     ax.set_title(f"{op.family}.{op.name} ({dtype}) at {shape}")
     ax.tick_params(axis="x", labelsize=8)
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor")   # long names end under their bar

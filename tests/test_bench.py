@@ -1,5 +1,7 @@
-"""lab.bench's parts that run without a GPU: the L2 flush's mode is checked before anything touches a device."""
+"""lab.bench's parts that run without a GPU: the L2 flush's mode is checked before anything touches a device; the
+speedups compare like with like."""
 import pytest
+import torch
 
 from lab import bench
 
@@ -10,3 +12,36 @@ def test_unknown_flush_mode_is_a_clear_error(how, monkeypatch):
         monkeypatch.setenv("LAB_FLUSH", "clean")
     with pytest.raises(ValueError, match=r"L2 flush mode must be one of \('write', 'read'\), got 'clean'"):
         bench.flush_l2("cpu", mode="clean" if how == "arg" else None)
+
+
+def _row(version, mode, median, precision="float32", shape="n=8", ref="torch"):
+    return {"version": version, "mode": mode, "median_us": median, "precision": precision, "dtype": "float32",
+            "shape": shape, "_ref": ref}
+
+
+def test_speedups_compare_like_with_like():
+    """Graph rows against the baseline's graph replay, eager against eager, TF32 against the TF32 baseline; no ratio
+    across modes or precisions (a graph row over an eager baseline flattered launch-bound kernels)."""
+    rows = bench.assign_speedups([
+        _row("torch", "events", 100.0), _row("torch", "graph", 40.0),
+        _row("v2", "events", 50.0), _row("v2", "graph", 20.0),
+        _row("torch.tf32", "events", 30.0, "tf32", ref="torch.tf32"), _row("v12", "events", 10.0, "tf32", ref="torch.tf32"),
+        _row("v3", "graph", 10.0, shape="n=9"),                 # its shape has no baseline row in graph mode
+        _row("v9", "events", 10.0, "tf32x3", ref=None),          # no baseline computes in that precision
+    ])
+    by = {(r["version"], r["mode"], r["shape"]): r for r in rows}
+    assert by[("v2", "events", "n=8")]["speedup"] == 2.0 and by[("v2", "events", "n=8")]["baseline"] == "torch (events)"
+    assert by[("v2", "graph", "n=8")]["speedup"] == 2.0 and by[("v2", "graph", "n=8")]["baseline"] == "torch (graph)"
+    assert by[("v12", "events", "n=8")]["speedup"] == 3.0 and by[("v12", "events", "n=8")]["baseline"] == "torch.tf32 (events)"
+    assert by[("v3", "graph", "n=9")]["speedup"] is None
+    assert by[("v9", "events", "n=8")]["speedup"] is None and by[("v9", "events", "n=8")]["baseline"] is None
+    assert all("_ref" not in r for r in rows)
+
+
+def test_reference_baseline_matches_precision():
+    from lab import registry
+    op = registry.get("linear").op("linear")
+    cuda = torch.device("cuda")
+    assert bench.reference_baseline(op, cuda, torch.float32, "float32").name == "torch"
+    assert bench.reference_baseline(op, cuda, torch.float32, "tf32").name == "torch.tf32"
+    assert bench.reference_baseline(op, "cpu", torch.float32, "tf32") is None   # torch.tf32 runs on CUDA only

@@ -426,13 +426,15 @@ def _variants(quick: bool) -> list[tuple[str, Callable, bool]]:
           ("torch.fused", lambda ps: torch.optim.AdamW(ps, lr=lr, fused=True), False),
           ("torch.fused+capturable", lambda ps: torch.optim.AdamW(ps, lr=lr, fused=True, capturable=True), True)]
     if quick:
-        vs = vs[1:3]
+        vs = vs[1:4]   # foreach, fused and fused+capturable: the eager and the graph baselines
     vs += [(v, (lambda v: lambda ps: AdamW(ps, lr=lr, version=v))(v), True) for v in IDEAS]
     return vs
 
 
-def _row(op: str, version: str, sizes: list[int], t, nbytes: float, copy_gbps: float, base_us: float | None,
-         device, note: str = "") -> dict:
+def _row(op: str, version: str, sizes: list[int], t, nbytes: float, copy_gbps: float,
+         base: tuple[str, float] | None, device, note: str = "") -> dict:
+    """base: (baseline name, its median) in the row's mode (eager rows against torch.fused, graph replays against
+    torch.fused+capturable replayed from a graph), or None."""
     sec = t.median_us * 1e-6
     gbps = nbytes / sec / 1e9
     return {"family": FAMILY, "op": op, "version": version,
@@ -440,7 +442,8 @@ def _row(op: str, version: str, sizes: list[int], t, nbytes: float, copy_gbps: f
             "precision": "float32", "mode": t.mode, "median_us": t.median_us, "p20_us": t.p20_us,
             "p80_us": t.p80_us, "reps": t.reps, "gbps": gbps, "tflops": None, "pct_copy_bw": 100 * gbps / copy_gbps,
             "pct_peak": None,
-            "baseline": "torch.fused", "speedup": base_us / t.median_us if base_us else None, "note": note,
+            "baseline": f"{base[0]} ({t.mode})" if base else None,
+            "speedup": base[1] / t.median_us if base else None, "note": note,
             **results.stamp(device)}
 
 
@@ -474,33 +477,36 @@ def bench_param_list(op: str, shapes: list[tuple[int, ...]], device, record: boo
     for p in params:
         p.grad = torch.randn(p.shape, device=device, generator=gen) * 1e-3
     rows: list[dict] = []
-    base_us = None
+    base: dict[str, tuple[str, float]] = {}   # mode -> (baseline, median): ratios within one mode
     label = f"{op}: {len(sizes)} tensors, {sum(sizes):,} params, {nbytes / 1e9:.3f} GB/step"
     print(f"[lab] optim {label}; floor at {copy:.0f} GB/s copy: {nbytes / copy / 1e6:.3f} ms", flush=True)
 
     def record_row(version, t, note=""):
-        r = _row(op, version, sizes, t, nbytes, copy, base_us, device, note)
+        r = _row(op, version, sizes, t, nbytes, copy, base.get(t.mode), device, note)
         rows.append(r)
         print(f"[lab]   {version + (' (graph)' if t.mode == 'graph' else ''):<26} {t.median_us / 1e3:9.3f} ms  "
               f"{r['gbps']:7.0f} GB/s ({r['pct_copy_bw']:4.1f}% of copy)"
-              + (f"  {r['speedup']:5.2f}x fused" if r["speedup"] else "") + (f"  {note}" if note else ""), flush=True)
+              + (f"  {r['speedup']:5.2f}x {r['baseline']}" if r["speedup"] else "") + (f"  {note}" if note else ""), flush=True)
 
     for name, make, graph in _variants(quick):
         opt = make(params)
         t = time_cuda(opt.step)
         if name == "torch.fused":
-            base_us = t.median_us
+            base[t.mode] = (name, t.median_us)
         note = f"host {host_us(opt.step):.0f} us/step"
         if isinstance(opt, Adam):
             note += f", {opt.launches()[0]} launches"
         if name != "torch.fused+capturable":
             record_row(name, t, note)
         if graph:
-            record_row(name, time_cuda(opt.step, graph=True), "CUDA graph replay")
+            tg = time_cuda(opt.step, graph=True)
+            if name == "torch.fused+capturable":
+                base[tg.mode] = (name, tg.median_us)
+            record_row(name, tg, "CUDA graph replay")
         del opt
         torch.cuda.empty_cache()
     if compile_step and not quick:
-        rows += _compiled_step(op, params, sizes, nbytes, copy, base_us, device, record_row)
+        rows += _compiled_step(op, params, sizes, nbytes, copy, device, record_row)
     del params
     torch.cuda.empty_cache()
     if record and rows:
@@ -508,7 +514,7 @@ def bench_param_list(op: str, shapes: list[tuple[int, ...]], device, record: boo
     return rows
 
 
-def _compiled_step(op, params, sizes, nbytes, copy, base_us, device, record_row) -> list[dict]:
+def _compiled_step(op, params, sizes, nbytes, copy, device, record_row) -> list[dict]:
     """torch.compile of torch.optim.AdamW(foreach=True).step — vertical fusion by Inductor (the recipe 'Compiling
     the optimizer'); compile time with Inductor's caches off, as its own row."""
     from ..bench import time_cuda
@@ -533,7 +539,7 @@ def _compiled_step(op, params, sizes, nbytes, copy, base_us, device, record_row)
            "shape": f"tensors={len(sizes)} numel={sum(sizes)}", "size": sum(sizes), "dtype": "float32",
            "precision": "float32", "mode": "wall", "median_us": sec * 1e6, "p20_us": sec * 1e6, "p80_us": sec * 1e6,
            "reps": 1, "gbps": None, "tflops": None, "pct_copy_bw": None, "pct_peak": None, "speedup": None,
-           "baseline": "torch.fused",
+           "baseline": None,
            "note": "first call: Dynamo trace + Inductor compile (caches off) + one step, wall clock",
            **results.stamp(device)}
     print(f"[lab]   torch.compile first call (trace + compile + one step): {sec:.1f} s", flush=True)

@@ -441,7 +441,7 @@ def compile_time(device, record: bool = True, quick: bool = False) -> list[dict]
         rows.append({"family": FAMILY, "op": op_name, "version": "torch.compile [compile]",
                      "shape": shape_label(shape), "size": None, "dtype": "bfloat16", "precision": "bfloat16",
                      "mode": "wall", "median_us": sec * 1e6, "p20_us": sec * 1e6, "p80_us": sec * 1e6, "reps": 1,
-                     "baseline": "torch",
+                     "baseline": None,
                      "note": "first call: trace + compile (Inductor caches off) + one run, wall clock"
                              + (", forward and backward" if op_name == "rope_bwd" else ""),
                      **results.stamp(device)})

@@ -253,7 +253,7 @@ def _row(op: str, version: str, batch: int, t, base_us: float | None, device, no
     return {"family": "gru", "op": op, "version": version, "shape": f"batch={batch}", "size": batch,
             "dtype": "float32", "precision": "float32", "mode": t.mode, "median_us": t.median_us, "p20_us": t.p20_us,
             "p80_us": t.p80_us, "reps": t.reps, "gbps": None, "tflops": None, "pct_copy_bw": None, "pct_peak": None,
-            "baseline": "reference",
+            "baseline": f"reference ({t.mode})" if base_us else None,
             "speedup": base_us / t.median_us if base_us else None, "note": note, **results.stamp(device)}
 
 
