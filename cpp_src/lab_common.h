@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/ScalarType.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>  // pybind11 casters for at::Tensor
@@ -100,6 +101,14 @@ inline void check_same_dtype(const at::Tensor& t, const char* name, const at::Te
 inline void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
   LAB_CHECK_VALUE(t.device() == ref.device(), name, " must be on the same device as ", ref_name, " (",
                     ref.device().str(), "), got ", t.device().str());
+}
+
+// A forward-only op given a tensor that requires grad, with grad mode on: its output would silently not require
+// grad, and a training loop would quietly stop learning. An error names it instead.
+inline void check_no_grad(const at::Tensor& t, const char* name, const char* op) {
+  LAB_CHECK_VALUE(!(t.defined() && t.requires_grad() && c10::GradMode::is_enabled()), op, ": ", name,
+                  " requires grad, but this kernel has no backward (its output would silently not require grad); "
+                  "call it under torch.no_grad() for inference, or train with the PyTorch module");
 }
 
 inline void check_contiguous(const at::Tensor& t, const char* name) {

@@ -28,6 +28,22 @@ def _set_cuda_home() -> None:
 
 _set_cuda_home()  # before anything imports torch.utils.cpp_extension (torch.utils.benchmark does)
 
+
+def _quiet_no_cuda_runtime() -> None:
+    """cpp_extension warns "No CUDA runtime is found, using CUDA_HOME=..." on import on every machine without a GPU,
+    i.e. on every command there: no news to someone who knows the machine has no GPU (lab says which CUDA sources it
+    did not compile, and how to). Only that one message is dropped."""
+    import logging
+
+    class _Drop(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not str(record.msg).startswith("No CUDA runtime is found")
+
+    logging.getLogger("torch.utils.cpp_extension").addFilter(_Drop())
+
+
+_quiet_no_cuda_runtime()
+
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -164,6 +164,15 @@ def test_bad_input_names_the_argument(device):
         L.linear(x, w.view(3, 5, 1), b, version=v)
     with pytest.raises(ValueError, match=r"out must have shape \(\.\.\., out_features\) = \(4, 3\), got \(3, 4\)"):
         L.linear(x, w, b, out=torch.empty(3, 4, device=device), version=v)
+    # no backward: a weight that requires grad is an error under grad mode, not an output that silently does not
+    layer = torch.nn.Linear(5, 3, device=device)
+    with pytest.raises(ValueError, match=r"linear: weight requires grad, but this kernel has no backward"):
+        L.linear(x, layer.weight, layer.bias.detach(), version=v)
+    with pytest.raises(ValueError, match=r"linear: bias requires grad"):
+        L.linear(x, layer.weight.detach(), layer.bias, version=v)
+    with torch.no_grad():
+        y = L.linear(x, layer.weight, layer.bias, version=v)
+    torch.testing.assert_close(y, x @ layer.weight.detach().T + layer.bias.detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_versions_and_devices_must_agree():

@@ -276,3 +276,23 @@ def test_tables_on_another_device_are_refused():
     cos, sin = R.rope_tables(5, 8)
     with pytest.raises(ValueError, match=r"cos must be on the same device as x \(cuda:0\), got cpu"):
         R.rope(torch.randn(1, 1, 5, 8, device="cuda"), cos, sin)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cpu_half_conversions_are_torchs_bit_for_bit(dtype):
+    """The CPU unit converts fp16/bf16 without torch headers (cpp_src/lab_half.h). Every 16-bit pattern goes through
+    it: x0 * cos - 0 * sin with sin = 0 is one widening, a float multiply and one rounding, which must give the bits
+    torch's own conversion gives (NaN only as NaN: payloads may differ)."""
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    x0 = bits.view(dtype)                                            # (65536,) every pattern, NaN and Inf included
+    n = x0.numel()
+    x = torch.zeros(1, 1, n, 2, dtype=dtype)                          # (batch, heads, seq, head_dim=2): pairs (x0, 0)
+    x[..., 0] = x0
+    g = torch.Generator().manual_seed(0)
+    for cos in (torch.ones(n, 1), torch.rand(n, 1, generator=g) * 2 - 1):   # the round trip, then a rounding
+        sin = torch.zeros(n, 1)
+        y0 = R.rope(x, cos, sin, version="cpu")[0, 0, :, 0]
+        want = (x0.float() * cos[:, 0]).to(dtype)
+        nan = want.isnan()
+        assert torch.equal(y0.isnan(), nan)
+        assert torch.equal(y0[~nan].view(torch.int16), want[~nan].view(torch.int16))

@@ -461,7 +461,7 @@ std::vector<int64_t> v3_plan(int64_t batch, int64_t hidden, int64_t dtype_code_,
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "GRU family: nn.GRU forward (version 0 = C++ CPU, 1..3 = CUDA), the decoder step's pieces";
+  m.doc() = "GRU family: nn.GRU forward (version 0 = C++ CPU, 1..4 = CUDA), the decoder step's pieces";
   m.def("gru_forward", lab::bind(gru_forward),
         "gru_forward(x, h0|None, params, out, h_n, version) -> (out, h_n)");
   m.def("gru_gates", lab::bind(gru_gates_op),

@@ -100,6 +100,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   for (int64_t i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
 
   lab::check_version(x, "x", version, 1, kMaxVersion, "linear");
+  lab::check_no_grad(x, "x", "linear");
+  lab::check_no_grad(weight, "weight", "linear");
+  if (b) lab::check_no_grad(*b, "bias", "linear");
   if (x.is_cuda()) {
     const bool wants_bf16 = version == 11 || version == 13;
     LAB_CHECK_TYPE(wants_bf16 == (x.scalar_type() == at::kBFloat16), "linear: version ", version, " takes ",

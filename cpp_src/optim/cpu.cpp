@@ -8,82 +8,17 @@
 #include <utility>
 #include <vector>
 
+#include "lab_half.h"
 #include "lab_unit.h"
 
 namespace {
 
 enum Slot { kP = 0, kG, kM, kV, kS, kVmax, kNPtr };  // ptrs: n x kNPtr, as the binding packs them
 
-// bf16 and fp16 params as 16-bit words, converted exactly as c10::BFloat16 / c10::Half convert on the host (IEEE
-// round to nearest even; the fp16 code is c10's portable fp16_ieee_*), so results match the at:: types bit for bit.
-struct Bf16 {
-  uint16_t x;
-  operator float() const {
-    const uint32_t w = uint32_t(x) << 16;
-    float f;
-    std::memcpy(&f, &w, sizeof f);
-    return f;
-  }
-  Bf16& operator=(float f) {
-    if (std::isnan(f)) {
-      x = UINT16_C(0x7FC0);
-    } else {
-      uint32_t u;
-      std::memcpy(&u, &f, sizeof u);
-      const uint32_t rounding_bias = ((u >> 16) & 1) + UINT32_C(0x7FFF);
-      x = uint16_t((u + rounding_bias) >> 16);
-    }
-    return *this;
-  }
-};
-
-inline float fp32_from_bits(uint32_t w) {
-  float f;
-  std::memcpy(&f, &w, sizeof f);
-  return f;
-}
-inline uint32_t fp32_to_bits(float f) {
-  uint32_t w;
-  std::memcpy(&w, &f, sizeof w);
-  return w;
-}
-
-struct F16 {
-  uint16_t x;
-  operator float() const {
-    const uint32_t w = uint32_t(x) << 16;
-    const uint32_t sign = w & UINT32_C(0x80000000);
-    const uint32_t two_w = w + w;
-    constexpr uint32_t exp_offset = UINT32_C(0xE0) << 23;
-    const float exp_scale = fp32_from_bits(uint32_t(15) << 23);  // 0x1.0p-112f
-    const float normalized_value = fp32_from_bits((two_w >> 4) + exp_offset) * exp_scale;
-    constexpr uint32_t magic_mask = UINT32_C(126) << 23;
-    constexpr float magic_bias = 0.5f;
-    const float denormalized_value = fp32_from_bits((two_w >> 17) | magic_mask) - magic_bias;
-    constexpr uint32_t denormalized_cutoff = UINT32_C(1) << 27;
-    const uint32_t result =
-        sign | (two_w < denormalized_cutoff ? fp32_to_bits(denormalized_value) : fp32_to_bits(normalized_value));
-    return fp32_from_bits(result);
-  }
-  F16& operator=(float f) {
-    const float scale_to_inf = fp32_from_bits(uint32_t(239) << 23);   // 0x1.0p+112f
-    const float scale_to_zero = fp32_from_bits(uint32_t(17) << 23);   // 0x1.0p-110f
-    float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
-    const uint32_t w = fp32_to_bits(f);
-    const uint32_t shl1_w = w + w;
-    const uint32_t sign = w & UINT32_C(0x80000000);
-    uint32_t bias = shl1_w & UINT32_C(0xFF000000);
-    if (bias < UINT32_C(0x71000000)) bias = UINT32_C(0x71000000);
-    base = fp32_from_bits((bias >> 1) + UINT32_C(0x07800000)) + base;
-    const uint32_t bits = fp32_to_bits(base);
-    const uint32_t exp_bits = (bits >> 13) & UINT32_C(0x00007C00);
-    const uint32_t mantissa_bits = bits & UINT32_C(0x00000FFF);
-    const uint32_t nonsign = exp_bits + mantissa_bits;
-    x = uint16_t((sign >> 16) | (shl1_w > UINT32_C(0xFF000000) ? UINT16_C(0x7E00) : nonsign));
-    return *this;
-  }
-};
-static_assert(sizeof(Bf16) == 2 && sizeof(F16) == 2, "16-bit params");
+// bf16 and fp16 params as 16-bit words, converted exactly as c10::BFloat16 / c10::Half convert on the host
+// (lab_half.h), so results match the at:: types bit for bit.
+using Bf16 = lab::BFloat16;
+using F16 = lab::Half;
 
 template <class P> inline float to_float(const P& x) { return static_cast<float>(x); }
 template <class P> inline void store(P& d, float x) { d = x; }

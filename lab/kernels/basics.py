@@ -1,6 +1,8 @@
 """CUDA basics: square, vector add, a radius-3 1D stencil with a shared-memory halo, and a tiled matmul.
 
-Sources: cuda_src/basics.cu (kernels, launchers), cpp_src/basics.cpp (bindings, named checks, CPU versions).
+Sources: cuda_src/basics/ (basics.cuh: what the units share; one unit per op: square.cu, vector_add.cu,
+stencil_1d.cu, matmul.cu, and fma_peak.cu, the FP32 FMA probe behind the ceilings), cpp_src/basics/ (basics.cpp:
+the binding with the named checks; cpu.cpp: the CPU versions, no torch headers).
 Every wrapper takes `version`: 'v1', 'v2' (CUDA) or 'cpu' (the C++ CPU code); `out` is optional.
 """
 from __future__ import annotations
