@@ -3,13 +3,16 @@
   list                     families, ops, versions, and what runs on this machine
   build [FAMILY ...]       compile (CUDA too when a GPU or TORCH_CUDA_ARCH_LIST is present)
   check [FAMILY ...]       verify every version against the float64 PyTorch reference
-  bench [FAMILY ...]       time versions and baselines; append to results/results.csv
+  bench [FAMILY ...]       time versions and baselines; append to results/<device>/results.csv
   profile FAMILY           torch.profiler tables and Chrome traces of each version of each op
-  plot                     redraw results/plots/ from the results table
+  plot                     redraw results/<device>/plots/ of this machine's devices (--device NAME, --all)
   report [FAMILY ...]      the main job: build, check, bench, profile, plot every family the machine can run
   watch FAMILY             on every save: rebuild what changed, check and time the versions it touches
   buildtime [FAMILY ...]   the edit-and-rerun benchmark: cold/warm builds and one-line edits, into
-                           results/build_times.csv (on a scratch copy of the sources and an empty cache)
+                           results/<device>/build_times.csv (a scratch copy of the sources, an empty cache)
+
+Everything a run records goes to results/<device>/ (the GPU's name, or the CPU's model, as a folder name): a run on
+one machine never rewrites another machine's rows, plots, ceilings or summary.
 
 check and bench take --isolate: each version runs in a worker process with a --timeout, so a kernel that faults
 or hangs is reported as that version's result instead of ending the run.
@@ -189,7 +192,11 @@ def cmd_profile(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    paths = plot.plot_all()
+    from . import results
+    have = sorted({r["device_name"] for r in results.read()})
+    if args.device and args.device not in have:
+        raise SystemExit(f"no rows for device {args.device!r}; devices with rows: {have}")
+    paths = plot.plot_all(args.device, devices=have if args.all else None)
     for p in paths:
         print(p.relative_to(env.ROOT) if p.is_relative_to(env.ROOT) else p)
     print(f"[lab] {len(paths)} figures")
@@ -207,13 +214,16 @@ def cmd_buildtime(args) -> int:
     from . import buildtime
     if args.readme:
         print(f"[lab] wrote {buildtime.write_readme()}")
-        print(f"[lab] wrote {buildtime.plot()}")
+        for dev in ([args.device] if args.device else plot.this_machine()):
+            fig = buildtime.plot(device_name=dev)   # this machine's figure (--device NAME: that device's)
+            if fig:
+                print(f"[lab] wrote {fig}")
         return 0
     rows = buildtime.run(args.families or None, flavor="cuda" if (env.has_gpu() or args.cuda) else "cpu",
                          record=not args.dry)
     print(buildtime.table(rows))
-    if not args.dry:
-        print(f"[lab] wrote {buildtime.plot()}")
+    if rows and not args.dry:
+        print(f"[lab] wrote {buildtime.plot(device_name=rows[0]['device_name'])}")
     return 0
 
 
@@ -258,10 +268,12 @@ def main(argv=None) -> int:
     common(sp)
     isolate_args(sp, 300)
     sp.add_argument("--extra", action="append", help="only these extra benchmarks (without --op: no op sweeps)")
-    sp.add_argument("--dry", action="store_true", help="do not append to results/results.csv")
+    sp.add_argument("--dry", action="store_true", help="do not append to results/<device>/results.csv")
     sp = sub.add_parser("profile", help="profiler tables and traces")
     common(sp)
-    sub.add_parser("plot", help="redraw figures from results/results.csv")
+    sp = sub.add_parser("plot", help="redraw this machine's figures from results/<device>/results.csv")
+    sp.add_argument("--device", help="the rows of this device name instead (e.g. 'NVIDIA H100 80GB HBM3')")
+    sp.add_argument("--all", action="store_true", help="every device that has rows (rewrites their figures)")
     sp = sub.add_parser("report", help="build, check, bench, profile and plot everything this machine can run")
     sp.add_argument("families", nargs="*")
     sp.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
@@ -273,11 +285,13 @@ def main(argv=None) -> int:
     sp.add_argument("--device", choices=["cpu", "cuda"], default=None)
     sp.add_argument("--no-isolate", action="store_true", help="check and time in this process (no worker)")
     sp.add_argument("--timeout", type=float, default=60.0, help="seconds per version (default 60)")
-    sp = sub.add_parser("buildtime", help="measure the edit-and-rerun loop into results/build_times.csv")
+    sp = sub.add_parser("buildtime", help="measure the edit-and-rerun loop into results/<device>/build_times.csv")
     sp.add_argument("families", nargs="*")
     sp.add_argument("--cuda", action="store_true", help="the CUDA flavor without a GPU (needs TORCH_CUDA_ARCH_LIST)")
-    sp.add_argument("--dry", action="store_true", help="do not append to results/build_times.csv")
-    sp.add_argument("--readme", action="store_true", help="only regenerate README's build-time table and results/plots/build_times.png from the CSV")
+    sp.add_argument("--dry", action="store_true", help="do not append to results/<device>/build_times.csv")
+    sp.add_argument("--readme", action="store_true",
+                    help="only regenerate README's build-time table (and this machine's build_times.png) from the CSVs")
+    sp.add_argument("--device", help="with --readme: redraw the figure of this device name")
     args = p.parse_args(argv)
     handler = {"list": cmd_list, "build": cmd_build, "check": cmd_check, "bench": cmd_bench,
                "profile": cmd_profile, "plot": cmd_plot, "report": cmd_report, "watch": cmd_watch,

@@ -8,7 +8,7 @@ CPU: `torch.utils.benchmark` (blocked_autorange), which handles threads and warm
 
 Ceilings (`ceilings()`): device-to-device copy bandwidth (bytes read + bytes written), cuBLAS matrix-product rate
 per precision, and the FP32 FMA rate of a register-only kernel; measured once per GPU and torch version and cached in
-`results/ceilings.json`. Every benchmark row carries its fraction of them.
+`results/<device>/ceilings.json`. Every benchmark row carries its fraction of them.
 """
 from __future__ import annotations
 
@@ -145,19 +145,20 @@ def time_fn(fn: Callable[[], object], device: torch.device | str, graph: bool = 
 # --------------------------------------------------------------------------------------------------------------
 # Ceilings
 # --------------------------------------------------------------------------------------------------------------
-def _ceilings_path():
-    return env.RESULTS / "ceilings.json"
+def _ceilings_path(device_name: str):
+    return env.device_dir(device_name) / "ceilings.json"
 
 
 def ceilings(device: torch.device | str | None = None, refresh: bool = False, verbose: bool = True) -> dict:
-    """Measured ceilings of this device, cached per (device name, torch version) in results/ceilings.json.
+    """Measured ceilings of this device, cached per (device name, torch version) in results/<device>/ceilings.json
+    (a CPU's by its model name: a committed entry of another machine never stands in for this one's).
 
     {"copy_gbps": ..., "gemm_tflops": {"float32": ..., "tf32": ..., "bfloat16": ..., "float16": ...},
      "fma_tflops": ... (GPU only), "stamp": {...}}
     """
     device = torch.device(device or env.default_device())
     key = f"{env.device_name(device)} | torch {torch.__version__}"
-    path = _ceilings_path()
+    path = _ceilings_path(env.device_name(device))
     data = json.loads(path.read_text()) if path.exists() else {}
     wanted = {"float64", "float32", "tf32", "bfloat16", "float16"} if device.type == "cuda" else {"float64", "float32"}
     if key in data and not refresh and wanted <= set(data[key].get("gemm_tflops", {})):
@@ -177,7 +178,7 @@ def ceilings(device: torch.device | str | None = None, refresh: bool = False, ve
 
 def ceilings_cached(device_name: str, torch_version: str) -> dict | None:
     """Ceilings recorded for a device and torch version, without measuring (None if never measured)."""
-    path = _ceilings_path()
+    path = _ceilings_path(device_name)
     data = json.loads(path.read_text()) if path.exists() else {}
     return data.get(f"{device_name} | torch {torch_version}")
 

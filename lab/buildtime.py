@@ -1,6 +1,6 @@
 """The edit-and-rerun benchmark: how long a person waits after saving a source, per family and per kind of edit.
 
-    python -m lab buildtime [FAMILY ...]      # rows into results/build_times.csv, a table on stdout
+    python -m lab buildtime [FAMILY ...]      # rows into results/<device>/build_times.csv, a table on stdout
 
 Everything runs on a scratch copy of cpp_src/ and cuda_src/ with an empty build cache, in fresh processes, so the
 repository's files and cache are untouched and nothing is warm that a new user would not have warm:
@@ -164,10 +164,21 @@ def run(families: list[str] | None = None, flavor: str | None = None, record: bo
     return rows
 
 
+NAME = "build_times.csv"
+
+
 def append(rows: list[dict], path: Path | None = None) -> Path:
-    """Append to results/build_times.csv, first rewriting a table of the older schema (no `target` column)."""
+    """Append to results/<device>/build_times.csv (each row to its device's), first rewriting a table of the older
+    schema (no `target` column)."""
     from . import results
-    path = path or env.RESULTS / "build_times.csv"
+    if path is None:
+        groups: dict[str, list[dict]] = {}
+        for r in rows:
+            groups.setdefault(r["device_name"], []).append(r)
+        out = results.table_path(name=NAME)
+        for dev, rs in groups.items():
+            out = append(rs, results.table_path(dev, NAME))
+        return out
     if path.exists():
         with open(path, newline="") as fh:
             r = csv.DictReader(fh)
@@ -244,10 +255,10 @@ _PLOT_EVENTS = [("edit_unit", "one CUDA unit"), ("edit_shared_header", "shared .
 
 
 def plot(rows: list[dict] | None = None, device_name: str | None = None) -> Path | None:
-    """results/plots/build_times.png: per family, each kind of one-line edit (every unit's edit as a dot, the bar at
+    """results/<device>/plots/build_times.png: per family, each kind of one-line edit (every unit's edit as a dot, the bar at
     the slowest), with the goal of each kind dashed; the newest run of one device (default: the newest run)."""
     from . import results
-    rows = rows if rows is not None else results.read(env.RESULTS / "build_times.csv", numeric=set())
+    rows = rows if rows is not None else results.read(numeric=set(), name=NAME)
     run_ = latest_run(rows, device_name)
     if not run_:
         return None
@@ -288,14 +299,14 @@ def plot(rows: list[dict] | None = None, device_name: str | None = None) -> Path
              f"{first['commit']} · {first['timestamp']} · dots: each unit's edit, bar: the slowest",
              fontsize=7, color="0.35", va="bottom")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return save_figure(fig, "build_times")
+    return save_figure(fig, "build_times", device_name=first["device_name"])
 
 
 def write_readme(path: Path | None = None) -> Path:
-    """Regenerate README's build-time table (between the buildtime markers) from results/build_times.csv."""
+    """Regenerate README's build-time table (between the buildtime markers) from every device's build_times.csv."""
     from . import results
     path = path or env.ROOT / "README.md"
-    rows = results.read(env.RESULTS / "build_times.csv", numeric=set())
+    rows = results.read(numeric=set(), name=NAME)
     text = path.read_text()
     a, b = "<!-- buildtime:begin -->", "<!-- buildtime:end -->"
     if a not in text or b not in text:

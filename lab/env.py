@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -52,7 +53,35 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC_ROOT = Path(os.environ.get("LAB_SRC_ROOT", ROOT))
 CUDA_SRC = SRC_ROOT / "cuda_src"
 CPP_SRC = SRC_ROOT / "cpp_src"
+# results/<device>/ per machine (the GPU's name, or the CPU's model): a run on one machine never rewrites another's rows,
+# plots, ceilings or summary. $LAB_RESULTS_DIR moves the root (tests use a scratch one).
 RESULTS = Path(os.environ.get("LAB_RESULTS_DIR", ROOT / "results"))
+
+
+def slug(name: str) -> str:
+    """A device's folder name: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-device"
+
+
+def results_root() -> Path:
+    return Path(os.environ.get("LAB_RESULTS_DIR", RESULTS))
+
+
+def device_dir(name: str) -> Path:
+    """results/<slug of the device name>/: that device's results.csv, checks.csv, build_times.csv, ceilings.json,
+    SUMMARY.md, plots/, profiles/ and executed notebooks."""
+    return results_root() / slug(name)
+
+
+def results_dir(device: torch.device | str | None = None) -> Path:
+    """This machine's results folder for `device` (default: the GPU if there is one, else the CPU)."""
+    return device_dir(device_name(device if device is not None else default_device()))
+
+
+def device_dirs() -> list[Path]:
+    """Every device folder under results/ that holds anything."""
+    root = results_root()
+    return sorted(d for d in root.iterdir() if d.is_dir() and any(d.iterdir())) if root.exists() else []
 
 
 def cache_dir() -> Path:
@@ -90,11 +119,23 @@ def git_commit() -> str:
         return "unknown"
 
 
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC 7B13"), not just its architecture: CPU rows and ceilings are keyed by it."""
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.lower().startswith("model name"):
+                return ln.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
 def device_name(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine() or "cpu"
+    return cpu_model()
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,6 +1,7 @@
 """Write and execute the walkthrough notebooks (`notebooks/NN_<family>.ipynb`).
 
-    python -m lab.notebooks run all            # execute every notebook in place (on the H100: commits its outputs)
+    python -m lab.notebooks run all            # execute every notebook into results/<device>/notebooks/
+    python -m lab.notebooks run --in-place all # over notebooks/*.ipynb (on the H100: the outputs we commit)
     python -m lab.notebooks run 01_cuda_basics # one notebook
     python -m lab.notebooks check              # execute into a scratch copy (the CI test; outputs not kept)
 
@@ -74,15 +75,28 @@ def execute(path: Path, out_path: Path | None = None, timeout: int = 1800) -> Pa
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.notebooks")
-    p.add_argument("cmd", choices=["run", "check"])
+    p.add_argument("cmd", choices=["run", "check"],
+                   help="run: execute and keep the outputs (in results/<device>/notebooks/, or in place with "
+                        "--in-place); check: execute into a scratch copy")
     p.add_argument("names", nargs="*")
+    p.add_argument("--in-place", action="store_true",
+                   help="write the executed notebooks over notebooks/*.ipynb (the committed ones hold the H100's "
+                        "outputs: do this only on the machine whose outputs they should show)")
     a = p.parse_args(argv)
     paths = notebooks(a.names)
     failed = []
+    keep = env.results_dir() / "notebooks"
     with tempfile.TemporaryDirectory() as tmp:
         for nb in paths:  # one failing notebook does not stop the others
             try:
-                execute(nb, None if a.cmd == "run" else Path(tmp) / nb.name)
+                if a.cmd == "check":
+                    out = Path(tmp) / nb.name
+                elif a.in_place:
+                    out = None
+                else:
+                    keep.mkdir(parents=True, exist_ok=True)
+                    out = keep / nb.name
+                execute(nb, out)
             except Exception as e:  # nbclient's CellExecutionError carries the cell and the traceback
                 failed.append(nb.name)
                 print(f"[lab] FAILED {nb.name}: {type(e).__name__}: {str(e)[-1500:]}", flush=True)

@@ -64,9 +64,10 @@ def _style(i: int) -> dict:
     return {"color": plt.get_cmap("tab20")(i % 20), "marker": _MARKERS[i % len(_MARKERS)]}
 
 
-def save_figure(fig, name: str, dpi: int = 130) -> Path:
-    """results/plots/<name>.png; closes the figure."""
-    out = env.RESULTS / "plots"
+def save_figure(fig, name: str, dpi: int = 130, device_name: str | None = None) -> Path:
+    """results/<device>/plots/<name>.png (the device whose rows it draws; default this machine's); closes the
+    figure."""
+    out = (env.device_dir(device_name) if device_name else env.results_dir()) / "plots"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.png"
     fig.savefig(path, dpi=dpi)
@@ -98,7 +99,7 @@ def time_vs_size(op: Op, dtype: str, device_name: str | None = None, rows: list[
     ax.legend(fontsize=8)
     fig.subplots_adjust(bottom=0.2)
     _footer(fig, rows, op.formula)
-    return save_figure(fig, f"{op.family}_{op.name}_{dtype}_time") if save else fig
+    return save_figure(fig, f"{op.family}_{op.name}_{dtype}_time", device_name=rows[0]["device_name"]) if save else fig
 
 
 def speedup_bars(op: Op, dtype: str, device_name: str | None = None, rows: list[dict] | None = None,
@@ -133,7 +134,8 @@ def speedup_bars(op: Op, dtype: str, device_name: str | None = None, rows: list[
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor")   # long names end under their bar
     fig.subplots_adjust(bottom=0.32)
     _footer(fig, sel, op.formula)
-    return save_figure(fig, f"{op.family}_{op.name}_{dtype}_speedup") if save else fig
+    return (save_figure(fig, f"{op.family}_{op.name}_{dtype}_speedup", device_name=sel[0]["device_name"]) if save
+            else fig)
 
 
 def roofline(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
@@ -171,7 +173,7 @@ def roofline(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
     ax.legend(fontsize=7, ncol=2)
     fig.subplots_adjust(bottom=0.2)
     _footer(fig, rows, op.formula)
-    return save_figure(fig, f"{op.family}_{op.name}_{dtype}_roofline")
+    return save_figure(fig, f"{op.family}_{op.name}_{dtype}_roofline", device_name=rows[0]["device_name"])
 
 
 def plot_family(family, device_name: str | None = None) -> list[Path]:
@@ -186,9 +188,23 @@ def plot_family(family, device_name: str | None = None) -> list[Path]:
     return out
 
 
-def plot_all(device_name: str | None = None) -> list[Path]:
-    from . import registry
+def this_machine() -> list[str]:
+    """The devices of this machine: its GPU (if any) and its CPU."""
+    names = [env.device_name("cpu")]
+    return ([env.device_name("cuda")] if env.has_gpu() else []) + names
+
+
+def plot_all(device_name: str | None = None, devices: list[str] | None = None) -> list[Path]:
+    """Every family's figures from the rows of `device_name`, or of each of `devices` (default: this machine's
+    devices that have rows), each into results/<device>/plots/ — never another machine's folder unless named."""
+    from . import registry, results
+    if device_name:
+        devices = [device_name]
+    elif devices is None:
+        have = {r["device_name"] for r in results.read()}
+        devices = [d for d in this_machine() if d in have]
     out = []
-    for fam in registry.families():
-        out += plot_family(fam, device_name)
+    for dev in devices:
+        for fam in registry.families():
+            out += plot_family(fam, dev)
     return out

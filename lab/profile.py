@@ -61,9 +61,9 @@ def autograd_table(fn: Callable[[], object], device: str = "cuda", row_limit: in
 
 def profile(fn: Callable[[], object], name: str, device: str = "cuda", wait: int = 1, warmup: int = 1,
             active: int = 3, row_limit: int = 15, save: bool = True) -> tuple[str, Path | None]:
-    """torch.profiler with a schedule; returns (table, trace path) and saves both under results/."""
+    """torch.profiler with a schedule; returns (table, trace path) and saves both under results/<device>/."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    trace_dir = env.RESULTS / "traces"
+    trace_dir = env.results_dir(device) / "traces"
     trace = trace_dir / f"{name}.json"
     captured: dict[str, str] = {}
 
@@ -82,7 +82,7 @@ def profile(fn: Callable[[], object], name: str, device: str = "cuda", wait: int
             p.step()
     table = captured.get("table", "")
     if save:
-        out = env.RESULTS / "profiles"
+        out = env.results_dir(device) / "profiles"
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{name}.txt").write_text(f"# {name} on {env.device_name(device)}, torch {torch.__version__}, "
                                          f"schedule wait={wait} warmup={warmup} active={active}\n{table}\n")

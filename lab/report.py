@@ -4,7 +4,7 @@
 2. check every version against its float64 reference, on the CPU and (with a GPU) on the GPU;
 3. measure the ceilings, then bench every op and the families' extra benchmarks on the main device;
 4. profile each op (torch.profiler tables under results/profiles/, traces under results/traces/);
-5. redraw the plots; write results/SUMMARY.md.
+5. redraw the plots; write results/<device>/SUMMARY.md.
 Progress is printed as it goes; what is skipped is said, with the reason.
 """
 from __future__ import annotations
@@ -125,14 +125,14 @@ def run(args) -> int:
 
 
 def write_summary(skipped: list[str] | None = None, device: str | None = None):
-    """results/SUMMARY.md (GPU) or SUMMARY-cpu.md, from the tables: the newest row of every benchmark, check and
+    """results/<device>/SUMMARY.md, from the tables: the newest row of every benchmark, check and
     build event on this kind of device, so runs of a few families at a time add up to one summary."""
     from . import results
     device = device or env.default_device().type
     rows = [r for r in results.latest(results.read()) if r["device"] == device]
     name = max(rows, key=lambda r: r["timestamp"] or "")["device_name"] if rows else env.device_name(device)
     rows = [r for r in rows if r["device_name"] == name]
-    ck = results.read(env.RESULTS / "checks.csv", numeric={"rel_err", "max_abs", "tol", "torch_rel_err", "seeds"})
+    ck = results.read(numeric={"rel_err", "max_abs", "tol", "torch_rel_err", "seeds"}, name="checks.csv")
     newest: dict[tuple, dict] = {}
     for c in ck:
         if c["device_name"] != name and not (c["device"] == "cpu" and device == "cuda"):
@@ -141,11 +141,12 @@ def write_summary(skipped: list[str] | None = None, device: str | None = None):
         if k not in newest or (c["timestamp"] or "") >= (newest[k]["timestamp"] or ""):
             newest[k] = c
     checks = list(newest.values())
-    bt = [b for b in results.read(env.RESULTS / "build_times.csv", numeric={"seconds", "cpus"})
+    bt = [b for b in results.read(numeric={"seconds", "cpus"}, name="build_times.csv")
           if b["device_name"] == name]
     stamp = max(rows, key=lambda r: r["timestamp"] or "") if rows else env.machine(device)
     lines = [f"# Lab results — {name}", "",
-             f"Generated from results/results.csv, checks.csv and build_times.csv (newest row per key). "
+             f"Generated from results/{env.slug(name)}/results.csv, checks.csv and build_times.csv (newest row per "
+             f"key). "
              f"torch {stamp.get('torch')}, CUDA {stamp.get('cuda')}, newest commit {stamp.get('commit')}.", ""]
     ceil = bench.ceilings_cached(name, stamp.get("torch", "")) or {}
     if ceil:
@@ -198,7 +199,7 @@ def write_summary(skipped: list[str] | None = None, device: str | None = None):
             lines += ["```", bench.summary_table(sel), "```", ""]
     if skipped:
         lines += ["## Skipped in the last run", ""] + [f"- {s}" for s in skipped] + [""]
-    path = env.RESULTS / ("SUMMARY.md" if device == "cuda" else "SUMMARY-cpu.md")
+    path = env.device_dir(name) / "SUMMARY.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path

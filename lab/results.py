@@ -1,4 +1,6 @@
-"""The one tidy results table, `results/results.csv`: every benchmark appends rows; plots are drawn from it.
+"""The one tidy results table, per device: `results/<device>/results.csv` (lab.env.device_dir); every benchmark appends
+rows, plots are drawn from it. A row goes to the folder of the device it was measured on, so a run on one machine
+never touches another's rows; reading without a path reads every device's table (rows carry device_name).
 
 Writes are atomic: the new table is written to a temporary file and renamed over the old one, under a lock, so an
 interrupted run leaves either the old table or the new one, never half a row.
@@ -24,8 +26,12 @@ NUMERIC = {"size", "median_us", "p20_us", "p80_us", "reps", "gbps", "tflops", "p
 RUN_ID = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]  # one per process: rows of one run group
 
 
-def table_path() -> Path:
-    return env.RESULTS / "results.csv"
+TABLE = "results.csv"
+
+
+def table_path(device_name: str | None = None, name: str = TABLE) -> Path:
+    """results/<device>/<name> (default: this machine's default device)."""
+    return (env.device_dir(device_name) if device_name else env.results_dir()) / name
 
 
 def _fmt(v) -> str:
@@ -36,9 +42,17 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def append(rows: list[dict], path: Path | None = None, columns: list[str] | None = None) -> Path:
-    """Append rows (dicts keyed by COLUMNS; missing keys stay empty, unknown keys are an error)."""
-    path = path or table_path()
+def append(rows: list[dict], path: Path | None = None, columns: list[str] | None = None, name: str = TABLE) -> Path:
+    """Append rows (dicts keyed by COLUMNS; missing keys stay empty, unknown keys are an error). Without a path,
+    each row goes to results/<its device_name>/<name>; returns the (last) path written."""
+    if path is None:
+        groups: dict[str, list[dict]] = {}
+        for r in rows:
+            groups.setdefault(r.get("device_name") or env.device_name(env.default_device()), []).append(r)
+        out = table_path(name=name)
+        for dev, rs in groups.items():
+            out = append(rs, table_path(dev, name), columns)
+        return out
     cols = columns or COLUMNS
     path.parent.mkdir(parents=True, exist_ok=True)
     for r in rows:
@@ -65,9 +79,11 @@ def append(rows: list[dict], path: Path | None = None, columns: list[str] | None
     return path
 
 
-def read(path: Path | None = None, numeric: set[str] | None = None, **where) -> list[dict]:
-    """Rows as dicts (numbers as floats, empty as None), optionally filtered: read(family='basics', device='cuda')."""
-    path = path or table_path()
+def read(path: Path | None = None, numeric: set[str] | None = None, name: str = TABLE, **where) -> list[dict]:
+    """Rows as dicts (numbers as floats, empty as None), optionally filtered: read(family='basics', device='cuda').
+    Without a path: every device's results/<device>/<name>."""
+    if path is None:
+        return [r for d in env.device_dirs() for r in read(d / name, numeric, **where)]
     if not path.exists():
         return []
     out = []

@@ -246,8 +246,8 @@ CHECK_COLUMNS = ["family", "op", "version", "dtype", "shape", "device", "device_
 
 
 def record(results_: list[CheckResult], family: str, device) -> None:
-    """Append check outcomes to results/checks.csv (the evidence behind 'verified')."""
-    from . import env, results
+    """Append check outcomes to results/<device>/checks.csv (the evidence behind 'verified')."""
+    from . import results
     st = results.stamp(device)
     rows = [{"family": family, "op": r.op, "version": r.version, "dtype": r.dtype, "shape": r.shape,
              "device": r.device, "device_name": st["device_name"], "seeds": r.seeds, "rel_err": r.rel_err,
@@ -255,7 +255,7 @@ def record(results_: list[CheckResult], family: str, device) -> None:
              "problem": r.problem, "torch": st["torch"], "commit": st["commit"], "timestamp": st["timestamp"],
              "run_id": st["run_id"]} for r in results_]
     if rows:
-        results.append(rows, env.RESULTS / "checks.csv", CHECK_COLUMNS)
+        results.append(rows, columns=CHECK_COLUMNS, name="checks.csv")
 
 
 def assert_close(out: Any, ref: Any, dtype: torch.dtype, precision: str | None = None, what: str = "output") -> None:

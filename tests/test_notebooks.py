@@ -19,9 +19,11 @@ NBS = sorted((env.ROOT / "notebooks").glob("*.ipynb"))
 def test_notebook_runs(nb, tmp_path, monkeypatch):
     res = tmp_path / "results"
     res.mkdir()
-    for f in ("results.csv", "ceilings.json", "build_times.csv"):
-        if (env.RESULTS / f).exists():
-            shutil.copy(env.RESULTS / f, res / f)
+    for d in env.device_dirs():   # each device's tables, not its figures or profiles
+        (res / d.name).mkdir()
+        for f in ("results.csv", "ceilings.json", "build_times.csv"):
+            if (d / f).exists():
+                shutil.copy(d / f, res / d.name / f)
     monkeypatch.setenv("LAB_RESULTS_DIR", str(res))
     out = notebooks.execute(nb, tmp_path / nb.name, timeout=1200)
     import nbformat

@@ -601,7 +601,7 @@ def plot_steps(rows: list[dict] | None = None, path: Path | str | None = None):
     fig.text(0.01, 0.005, f"{FORMULA}\n{r0['device_name']} · torch {r0['torch']} · CUDA {r0['cuda']} · "
                           f"commit {r0['commit']} · {r0['timestamp']}", fontsize=7, color="0.35")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    path = Path(path) if path else env.RESULTS / "plots" / "optim_steps.png"
+    path = Path(path) if path else env.device_dir(r0["device_name"]) / "plots" / "optim_steps.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
     plt.close(fig)

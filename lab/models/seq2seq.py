@@ -358,7 +358,7 @@ def profile_breakdown(device, batch: int = 128, cfg: Config = Config(), reps: in
 
 def plot_breakdown(breakdown: dict[str, dict], title: str = "", top: int = 8, name: str = "gru_seq2seq_profile"):
     """Horizontal bars of time per operator, before (reference) and after (lab), one panel per phase; saved under
-    results/plots/. Operators past the top few are summed into 'other'."""
+    results/<device>/plots/. Operators past the top few are summed into 'other'."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
