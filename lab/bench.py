@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 import torch.utils.benchmark as tbench
 
-from . import env, results
+from . import build, env, results
 from .registry import Op, Version, shape_label
 from .verify import dtype_name
 
@@ -211,9 +211,20 @@ def _measure_ceilings(device: torch.device) -> dict:
     out["gemm_tflops"] = gemm
     out["gemm_size"] = size
     if cuda:
-        from .kernels import basics
-        out["fma_tflops"] = basics.fma_peak_tflops(device)
+        out["fma_tflops"] = fma_peak_tflops(device)
     return out
+
+
+def fma_peak_tflops(device="cuda", iters: int = 4096) -> float:
+    """Measured FP32 FMA rate (TFLOP/s) of a register-only kernel (cuda_src/harness/fma_peak.cu): the ceiling for
+    FMA-bound code. 8 blocks of 256 threads per SM, 8 independent chains per thread."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    blocks, threads = sms * 8, 256
+    out = torch.empty(blocks * threads, device=device)
+    ext = build.load("harness", verbose=False)
+    t = time_cuda(lambda: ext.fma_peak(out, blocks, threads, iters), flush=False)
+    flops = blocks * threads * iters * 16 * 8 * 2
+    return flops / (t.median_us * 1e-6) / 1e12
 
 
 def peak_for(ceil: dict, dtype: torch.dtype, precision: str | None, kind: str | None = "gemm") -> float | None:

@@ -131,21 +131,36 @@ def register(family: Family) -> Family:
     return family
 
 
+def attach_extras(family: str, extras: dict[str, Callable[..., list[dict]]]) -> None:
+    """Studies and end-to-end benchmarks that live outside the family's module (lab/models/) attach themselves to
+    the family here, so lab/kernels/ never imports lab/models/."""
+    if family not in _FAMILIES:
+        raise KeyError(f"attach_extras: no family {family!r} registered yet")
+    _FAMILIES[family].extras.update(extras)
+
+
+def _import_all(package: str, folder: Path) -> None:
+    for m in sorted(pkgutil.iter_modules([str(folder)]), key=lambda m: m.name):
+        if m.name.startswith("_"):
+            continue
+        try:
+            importlib.import_module(f"{package}.{m.name}")
+        except Exception as e:  # one broken module must not take the others down; say which and why
+            BROKEN[m.name] = f"{type(e).__name__}: {e}"
+            warnings.warn(f"lab: module {package.replace('.', '/')}/{m.name}.py failed to import ({BROKEN[m.name]}); "
+                          "it is skipped", stacklevel=3)
+
+
 def _discover() -> None:
+    """Import every family module (lab/kernels/*.py registers its family), then lab/models/*.py (models and studies
+    that attach extras to the families they use)."""
     global _discovered
     if _discovered:
         return
     _discovered = True
-    from . import kernels
-    for m in sorted(pkgutil.iter_modules(kernels.__path__), key=lambda m: m.name):
-        if m.name.startswith("_"):
-            continue
-        try:
-            importlib.import_module(f"{kernels.__name__}.{m.name}")
-        except Exception as e:  # one broken family module must not take the others down; say which and why
-            BROKEN[m.name] = f"{type(e).__name__}: {e}"
-            warnings.warn(f"lab: family module lab/kernels/{m.name}.py failed to import ({BROKEN[m.name]}); "
-                          "it is skipped", stacklevel=2)
+    here = Path(__file__).resolve().parent
+    _import_all(f"{__package__}.kernels", here / "kernels")
+    _import_all(f"{__package__}.models", here / "models")
 
 
 def families() -> list[Family]:

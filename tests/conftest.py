@@ -21,6 +21,11 @@ def pytest_configure(config):
     import shutil
     if not torch.cuda.is_available() and torch.version.cuda and shutil.which("nvcc"):
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    # What the tests record (rows, checks, ceilings of this machine) goes to a scratch results folder, never into the
+    # repository's results/ (its subprocesses inherit it too).
+    if "LAB_RESULTS_DIR" not in os.environ:
+        import tempfile
+        os.environ["LAB_RESULTS_DIR"] = tempfile.mkdtemp(prefix="lab-test-results-")
 
 
 FAULTY = __import__("pathlib").Path(__file__).resolve().parent / "faulty"

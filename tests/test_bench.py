@@ -3,6 +3,7 @@ speedups compare like with like."""
 import pytest
 import torch
 
+from conftest import needs_gpu
 from lab import bench
 
 
@@ -45,3 +46,24 @@ def test_reference_baseline_matches_precision():
     assert bench.reference_baseline(op, cuda, torch.float32, "float32").name == "torch"
     assert bench.reference_baseline(op, cuda, torch.float32, "tf32").name == "torch.tf32"
     assert bench.reference_baseline(op, "cpu", torch.float32, "tf32") is None   # torch.tf32 runs on CUDA only
+
+
+def test_fma_probe_is_the_harnesss_and_checks_its_input():
+    """The FP32 FMA probe behind the 'fma' ceiling is the harness's own kernel (cuda_src/harness/), not a family's."""
+    from lab import build
+    ext = build.load("harness", verbose=False)
+    with pytest.raises(ValueError, match=r"threads must be a multiple of 32 in \[32, 1024\], got 100"):
+        ext.fma_peak(torch.empty(200), 2, 100, 8)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"fma_peak: out must be a CUDA tensor, got cpu"):
+            ext.fma_peak(torch.empty(64), 2, 32, 8)
+
+
+@needs_gpu
+def test_fma_peak_probe_runs():
+    # the ceiling probe must produce finite output (it feeds every %-of-peak number)
+    from lab import build
+    out = torch.full((132 * 256,), float("nan"), device="cuda")
+    build.load("harness", verbose=False).fma_peak(out, 132, 256, 8)
+    assert torch.isfinite(out).all()
+    assert bench.fma_peak_tflops() > 0

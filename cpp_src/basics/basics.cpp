@@ -23,7 +23,6 @@ std::string kname(const char* op, const at::Tensor& t) {
 template <class T> using UnaryCuda = cudaError_t (*)(int, const T*, T*, int64_t, cudaStream_t);
 template <class T> using BinaryCuda = cudaError_t (*)(int, const T*, const T*, T*, int64_t, cudaStream_t);
 template <class T> using MatmulCuda = cudaError_t (*)(int, const T*, const T*, T*, int, int, int, cudaStream_t);
-using FmaPeakCuda = cudaError_t (*)(float*, int, int, int, cudaStream_t);
 #endif
 template <class T> using UnaryCpu = void (*)(const T*, T*, int64_t);
 template <class T> using BinaryCpu = void (*)(const T*, const T*, T*, int64_t);
@@ -139,26 +138,6 @@ at::Tensor matmul(const at::Tensor& A, const at::Tensor& B, at::Tensor out, int6
   return out;
 }
 
-// FP32 FMA throughput probe: out has one float per thread (blocks * threads); returns out.
-at::Tensor fma_peak(at::Tensor out, int64_t blocks, int64_t threads, int64_t iters) {
-  lab::check_dtype(out, "out", {at::kFloat});
-  lab::check_contiguous(out, "out");
-  LAB_CHECK_VALUE(out.numel() == blocks * threads, "out must have blocks * threads = ", blocks * threads,
-                    " elements, got ", out.numel());
-  LAB_CHECK_VALUE(threads >= 32 && threads <= 1024 && threads % 32 == 0, "threads must be a multiple of 32 in "
-                    "[32, 1024], got ", threads);
-  LAB_CHECK_VALUE(out.is_cuda(), "fma_peak: out must be a CUDA tensor, got ", out.device().str());
-#ifdef LAB_WITH_CUDA
-  c10::cuda::CUDAGuard guard(out.device());
-  LAB_CUDA_CHECK(lab::launcher<FmaPeakCuda>("fma_peak")(out.data_ptr<float>(), lab::check_int32(blocks, "blocks"), int(threads),
-                                 lab::check_int32(iters, "iters"), LAB_STREAM()),
-                 "fma_peak kernel");
-#else
-  LAB_NO_CUDA_BUILD("fma_peak");
-#endif
-  return out;
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "CUDA basics: square, vector_add, stencil_1d (radius 3), matmul; version 0 = C++ CPU code";
   m.def("square", lab::bind(square), "square(x, out, version) -> out = x * x");
@@ -166,6 +145,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stencil_1d", lab::bind(stencil_1d),
         "stencil_1d(x, out, version) -> out[i] = sum of x[i-3..i+3], zeros outside");
   m.def("matmul", lab::bind(matmul), "matmul(A, B, out, version) -> out = A @ B");
-  m.def("fma_peak", lab::bind(fma_peak), "fma_peak(out, blocks, threads, iters): FP32 FMA probe");
   LAB_BIND_UNITS(m);
 }

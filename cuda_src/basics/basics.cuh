@@ -1,5 +1,5 @@
 // basics — the first CUDA lessons, each as a ladder of versions. This header holds what the units share; each op is
-// its own unit (square.cu, vector_add.cu, stencil_1d.cu, matmul.cu, fma_peak.cu), so an edit of one rebuilds one.
+// its own unit (square.cu, vector_add.cu, stencil_1d.cu, matmul.cu), so an edit of one rebuilds one.
 //
 //   square      y = x * x                       reference: torch.square
 //   vector_add  z = a + b                       reference: torch.add

@@ -1,8 +1,8 @@
 """CUDA basics: square, vector add, a radius-3 1D stencil with a shared-memory halo, and a tiled matmul.
 
 Sources: cuda_src/basics/ (basics.cuh: what the units share; one unit per op: square.cu, vector_add.cu,
-stencil_1d.cu, matmul.cu, and fma_peak.cu, the FP32 FMA probe behind the ceilings), cpp_src/basics/ (basics.cpp:
-the binding with the named checks; cpu.cpp: the CPU versions, no torch headers).
+stencil_1d.cu, matmul.cu), cpp_src/basics/ (basics.cpp: the binding with the named checks; cpu.cpp: the CPU versions,
+no torch headers).
 Every wrapper takes `version`: 'v1', 'v2' (CUDA) or 'cpu' (the C++ CPU code); `out` is optional.
 """
 from __future__ import annotations
@@ -55,17 +55,6 @@ def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
         n = B.shape[1] if B.dim() == 2 else 0
         out = torch.empty(m, n, dtype=A.dtype, device=A.device)
     return ext().matmul(A, B, out, version_number(version or _default(A)))
-
-
-def fma_peak_tflops(device="cuda", iters: int = 4096) -> float:
-    """Measured FP32 FMA rate (TFLOP/s) of a register-only kernel: the ceiling for FMA-bound code."""
-    from ..bench import time_cuda
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    blocks, threads = sms * 8, 256
-    out = torch.empty(blocks * threads, device=device)
-    t = time_cuda(lambda: ext().fma_peak(out, blocks, threads, iters), flush=False)
-    flops = blocks * threads * iters * 16 * 8 * 2
-    return flops / (t.median_us * 1e-6) / 1e12
 
 
 # ---- references (plain PyTorch; verify runs them in float64) ------------------------------------------------------

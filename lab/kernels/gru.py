@@ -209,14 +209,6 @@ OPS = [
 ]
 
 
-def _extra(name: str):
-    def run(device, record: bool = True, quick: bool = False):
-        from ..models import seq2seq
-        return getattr(seq2seq, name)(device, record=record, quick=quick)
-    return run
-
-
+# The seq2seq benchmarks (decoder_step, greedy_decode) are extras of this family; lab/models/seq2seq.py attaches them.
 register(Family(FAMILY, "GRU: nn.GRU forward (C++ CPU, per-step, hoisted, persistent) and the seq2seq model", OPS,
-                notebook="notebooks/03_gru.ipynb",
-                extras={"decoder_step": _extra("bench_decoder_step"),
-                        "greedy_decode": _extra("bench_greedy_decode")}))
+                notebook="notebooks/03_gru.ipynb"))

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import registry
 from ..kernels import gru as kgru
 
 
@@ -383,3 +384,8 @@ def plot_breakdown(breakdown: dict[str, dict], title: str = "", top: int = 8, na
     fig.tight_layout()
     from ..plot import save_figure
     return save_figure(fig, name, dpi=120)
+
+
+# The gru family's extras (`python -m lab bench gru --extra decoder_step`, the report): attached here, not imported by
+# lab/kernels/gru.py, so the kernels never depend on the models built from them.
+registry.attach_extras(kgru.FAMILY, {"decoder_step": bench_decoder_step, "greedy_decode": bench_greedy_decode})

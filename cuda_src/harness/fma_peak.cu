@@ -1,7 +1,10 @@
-// basics/fma_peak.cu — the FP32 FMA throughput probe (the ladder: basics.cuh)
-#include "basics.cuh"
+// harness/fma_peak.cu — the FP32 FMA throughput probe: a kernel of the harness (lab.bench measures this GPU's
+// ceilings with it), not of a family.
+#include <cuda_runtime.h>
 
-namespace basics {
+#include "lab_unit.h"
+
+namespace harness {
 
 // ---------------------------------------------------------------------------------------------------------------
 // fma_peak: the FP32 FMA ceiling the lab measures once per GPU (bench.ceilings). Registers only, no memory traffic:
@@ -33,6 +36,6 @@ cudaError_t fma_peak_launch(float* out, int blocks, int threads, int iters, cuda
   return cudaGetLastError();
 }
 
-}  // namespace basics
+}  // namespace harness
 
-LAB_EXPORTS(LAB_EXPORT("fma_peak", basics::fma_peak_launch))
+LAB_EXPORTS(LAB_EXPORT("fma_peak", harness::fma_peak_launch))
