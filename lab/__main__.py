@@ -196,7 +196,7 @@ def cmd_plot(args) -> int:
     have = sorted({r["device_name"] for r in results.read()})
     if args.device and args.device not in have:
         raise SystemExit(f"no rows for device {args.device!r}; devices with rows: {have}")
-    paths = plot.plot_all(args.device, devices=have if args.all else None)
+    paths = plot.plot_all(args.device, devices=have if args.all else None, progress=True)
     for p in paths:
         print(p.relative_to(env.ROOT) if p.is_relative_to(env.ROOT) else p)
     print(f"[lab] {len(paths)} figures")

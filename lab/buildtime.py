@@ -87,12 +87,31 @@ print("LAB_TIMES", json.dumps(out))
 """
 
 
-def _probe(code: str, args: list[str], penv: dict, timeout: float = 1800) -> dict | list:
-    r = subprocess.run([sys.executable, "-c", code, *args], env=penv, capture_output=True, text=True,
-                       timeout=timeout)
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("LAB_TIMES ")]
-    if r.returncode or not line:
-        raise RuntimeError(f"build-time probe failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+def _probe(code: str, args: list[str], penv: dict, timeout: float = 1800, echo: bool = False) -> dict | list:
+    """Run a probe in a fresh interpreter; its LAB_TIMES line. echo: pass its "[lab]" progress lines on as they come
+    (the cold build is otherwise silent for tens of seconds)."""
+    import threading
+    p = subprocess.Popen([sys.executable, "-c", code, *args], env=penv, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    t = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
+    t.start()
+    out: list[str] = []
+    timer = threading.Timer(timeout, p.kill)
+    timer.start()
+    try:
+        for ln in p.stdout:
+            out.append(ln)
+            if echo and ln.startswith("[lab]"):
+                print("   " + ln.rstrip(), flush=True)
+        rc = p.wait()
+    finally:
+        timer.cancel()
+    t.join(5)
+    stdout, stderr = "".join(out), "".join(err)
+    line = [ln for ln in stdout.splitlines() if ln.startswith("LAB_TIMES ")]
+    if rc or not line:
+        raise RuntimeError(f"build-time probe failed (rc {rc}):\n{stdout[-3000:]}\n{stderr[-3000:]}")
     return json.loads(line[-1][len("LAB_TIMES "):])
 
 
@@ -148,7 +167,7 @@ def run(families: list[str] | None = None, flavor: str | None = None, record: bo
         add("(all)", "import_lab_over_torch", "", imp["import_lab_over_torch"])
         if verbose:
             print("[lab] buildtime: cold build of every family (empty cache) ...", flush=True)
-        cold = _probe(_COLD, [json.dumps(fams), flavor], penv)
+        cold = _probe(_COLD, [json.dumps(fams), flavor], penv, echo=verbose)
         if cold["failed"]:
             raise RuntimeError(f"cold build failed: {cold['failed']}")
         add("(all)", "cold_build_all", ",".join(fams), cold["cold_build_all"])

@@ -194,7 +194,7 @@ def this_machine() -> list[str]:
     return ([env.device_name("cuda")] if env.has_gpu() else []) + names
 
 
-def plot_all(device_name: str | None = None, devices: list[str] | None = None) -> list[Path]:
+def plot_all(device_name: str | None = None, devices: list[str] | None = None, progress: bool = False) -> list[Path]:
     """Every family's figures from the rows of `device_name`, or of each of `devices` (default: this machine's
     devices that have rows), each into results/<device>/plots/ — never another machine's folder unless named."""
     from . import registry, results
@@ -206,5 +206,7 @@ def plot_all(device_name: str | None = None, devices: list[str] | None = None) -
     out = []
     for dev in devices:
         for fam in registry.families():
+            if progress:
+                print(f"[lab] plotting {fam.name} ({dev}) ...", flush=True)
             out += plot_family(fam, dev)
     return out
