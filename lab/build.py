@@ -771,12 +771,14 @@ def _pch_key_dir(t: Target) -> Path | None:
         return None
     if not hdr.exists() or hdr not in t.headers:
         return None
-    # what decides torch's flags and the header's content: the binding's flags, torch, Python, the header files
-    h = hashlib.sha256(json.dumps([t.cflags, t.arch, torch.__version__, sys.version, BUILD_FORMAT,
-                                   str(env.CPP_SRC)]).encode())
+    # pch-<configuration>-<content>: what decides torch's flags (the binding's flags, torch, Python, the source root),
+    # then the header files' bytes. A new content replaces the old PCH of its configuration, no other.
+    cfg = hashlib.sha256(json.dumps([t.cflags, t.arch, torch.__version__, sys.version, BUILD_FORMAT,
+                                     str(env.CPP_SRC)]).encode()).hexdigest()[:8]
+    h = hashlib.sha256()
     for p in [hdr] + headers([hdr]):
         h.update(p.read_bytes())
-    return env.cache_dir() / f"pch-{h.hexdigest()[:16]}"
+    return env.cache_dir() / f"pch-{cfg}-{h.hexdigest()[:8]}"
 
 
 def pch_dir(t: Target) -> Path | None:
@@ -815,8 +817,10 @@ def _build_pch(d: Path, flags: list[str], hdr: Path) -> None:
     with _flock(d / ".lab-build.lock", "the precompiled header", False):
         if (d / "accepted").exists() or (d / "rejected.log").exists():
             return
-        for old in env.cache_dir().glob("pch-*"):   # a stale PCH is ~0.5 GB: keep one per configuration
-            if old != d and time.time() - old.stat().st_mtime > 600:
+        cfg = d.name.split("-")[1]
+        for old in env.cache_dir().glob("pch-*"):   # a stale PCH is ~0.5 GB: one per configuration
+            mine = old.name.startswith(f"pch-{cfg}-") or old.name.count("-") == 1   # (or of the older naming)
+            if mine and old != d and time.time() - old.stat().st_mtime > 600:
                 shutil.rmtree(old, ignore_errors=True)
         cxx = cpp_extension.get_cxx_compiler() if hasattr(cpp_extension, "get_cxx_compiler") else \
             os.environ.get("CXX", "c++")
