@@ -185,15 +185,17 @@ def rope_backward_ref(grad, x, cos, sin, offset: int = 0, layout: str = "bhsd", 
 _wide_cache: dict[tuple, tuple] = {}
 
 
-def _wide_cached(cos, sin, offset, seq, layout, interleaved):
-    """widen_tables, done once per table and call pattern — as a model's rotary module does once per forward for
-    all its layers — so the baselines time the rotation, not the table prep."""
+def _wide_cached(cos, sin, offset, seq, layout, interleaved, dtype):
+    """widen_tables, cast to the activations' dtype, done once per table and call pattern — as a model's rotary
+    module does once per forward for all its layers (Hugging Face's returns cos/sin `.to(x.dtype)`) — so the
+    baselines time the rotation as users write it, not the table prep (and not fp32 arithmetic on bf16 inputs)."""
     key = (cos.data_ptr(), sin.data_ptr(), cos._version, sin._version, tuple(cos.shape), cos.dtype, cos.device,
-           offset, seq, layout, interleaved)
+           offset, seq, layout, interleaved, dtype)
     if key not in _wide_cache:
         if len(_wide_cache) > 16:
             _wide_cache.clear()
-        _wide_cache[key] = widen_tables(cos, sin, offset, seq, layout, interleaved)
+        c, s = widen_tables(cos, sin, offset, seq, layout, interleaved)
+        _wide_cache[key] = (c.to(dtype), s.to(dtype))
     return _wide_cache[key]
 
 
@@ -220,22 +222,22 @@ def compiled(name: str):
 
 
 def rope_torch(x, cos, sin, offset=0, layout="bhsd", interleaved=False):
-    c, s = _wide_cached(cos, sin, offset, seq_len(x, layout), layout, interleaved)
+    c, s = _wide_cached(cos, sin, offset, seq_len(x, layout), layout, interleaved, x.dtype)
     return _rope_core(x, c, s, interleaved)
 
 
 def rope_torch_compile(x, cos, sin, offset=0, layout="bhsd", interleaved=False):
-    c, s = _wide_cached(cos, sin, offset, seq_len(x, layout), layout, interleaved)
+    c, s = _wide_cached(cos, sin, offset, seq_len(x, layout), layout, interleaved, x.dtype)
     return compiled("rope")(x, c, s, interleaved)
 
 
 def rope_qk_torch(q, k, cos, sin, offset=0, layout="bhsd", interleaved=False):
-    c, s = _wide_cached(cos, sin, offset, seq_len(q, layout), layout, interleaved)
+    c, s = _wide_cached(cos, sin, offset, seq_len(q, layout), layout, interleaved, q.dtype)
     return _qk_core(q, k, c, s, interleaved)
 
 
 def rope_qk_torch_compile(q, k, cos, sin, offset=0, layout="bhsd", interleaved=False):
-    c, s = _wide_cached(cos, sin, offset, seq_len(q, layout), layout, interleaved)
+    c, s = _wide_cached(cos, sin, offset, seq_len(q, layout), layout, interleaved, q.dtype)
     return compiled("qk")(q, k, c, s, interleaved)
 
 
@@ -250,7 +252,7 @@ class BackwardOf:
         key = (grad.data_ptr(), x.data_ptr(), tuple(x.shape), x.dtype, cos.data_ptr(), offset, layout, interleaved)
         if key != self._key:
             self._graph = None  # free the old graph first
-            c, s = _wide_cached(cos, sin, offset, seq_len(x, layout), layout, interleaved)
+            c, s = _wide_cached(cos, sin, offset, seq_len(x, layout), layout, interleaved, x.dtype)
             core = compiled(self.core_name) if self.core_name else _rope_core
             with torch.enable_grad():
                 xr = x.detach().requires_grad_(True)
