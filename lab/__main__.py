@@ -5,7 +5,8 @@
   check [FAMILY ...]       verify every version against the float64 PyTorch reference
   bench [FAMILY ...]       time versions and baselines; append to results/<device>/results.csv
   profile FAMILY           torch.profiler tables and Chrome traces of each version of each op
-  plot                     redraw results/<device>/plots/ of this machine's devices (--device NAME, --all)
+  plot                     redraw results/<device>/plots/ of this machine's devices (--device NAME, --all), and
+                           results/index.html: every device's results on one self-contained page
   report [FAMILY ...]      the main job: build, check, bench, profile, plot every family the machine can run
   watch FAMILY             on every save: rebuild what changed, check and time the versions it touches
   buildtime [FAMILY ...]   the edit-and-rerun benchmark: cold/warm builds and one-line edits, into
@@ -197,6 +198,10 @@ def cmd_plot(args) -> int:
     if args.device and args.device not in have:
         raise SystemExit(f"no rows for device {args.device!r}; devices with rows: {have}")
     paths = plot.plot_all(args.device, devices=have if args.all else None, progress=True)
+    from . import page
+    index = page.write()
+    if index:
+        print(f"[lab] wrote {index} (every device's results, one page)")
     for p in paths:
         print(p.relative_to(env.ROOT) if p.is_relative_to(env.ROOT) else p)
     print(f"[lab] {len(paths)} figures")
