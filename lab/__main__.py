@@ -156,7 +156,20 @@ def cmd_bench(args) -> int:
                 for f in failed:
                     print(f"[lab] {f.line()}", flush=True)
             else:
-                rows = bench.bench_op(op, dev, _dtypes(args), args.version, _shapes(args, op), record=not args.dry)
+                versions = args.version
+                if not args.no_check:
+                    # validate, then benchmark: one seed over the check shapes; a wrong version is not timed
+                    rs = verify.check_op(op, dev, _dtypes(args), args.version, seeds=(0,))
+                    wrong = sorted({r.version for r in rs if not r.passed})
+                    if wrong:
+                        print(f"[lab] {fam.name}.{op.name}: not timed, wrong on the check shapes: "
+                              f"{', '.join(wrong)} (`python -m lab check {fam.name} --op {op.name}` says where)",
+                              flush=True)
+                        names = [v.name for v in op.versions_for(dev, None, args.version)]
+                        versions = [n for n in names if n not in wrong]
+                        if not versions:
+                            continue
+                rows = bench.bench_op(op, dev, _dtypes(args), versions, _shapes(args, op), record=not args.dry)
             if rows:
                 for dt in sorted({r["dtype"] for r in rows}):
                     sel = [r for r in rows if r["dtype"] == dt]
@@ -274,6 +287,9 @@ def main(argv=None) -> int:
     isolate_args(sp, 300)
     sp.add_argument("--extra", action="append", help="only these extra benchmarks (without --op: no op sweeps)")
     sp.add_argument("--dry", action="store_true", help="do not append to results/<device>/results.csv")
+    sp.add_argument("--no-check", action="store_true",
+                    help="time without checking each version first (by default a version wrong on the check "
+                         "shapes is reported and not timed)")
     sp = sub.add_parser("profile", help="profiler tables and traces")
     common(sp)
     sp = sub.add_parser("plot", help="redraw this machine's figures from results/<device>/results.csv")

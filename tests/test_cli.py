@@ -42,3 +42,14 @@ def test_bench_extra_alone_runs_only_that_extra():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[lab] rope extra: compile_time" in r.stdout
     assert "rope.rope" not in r.stdout + r.stderr and "median us" not in r.stdout
+
+
+def test_bench_checks_a_version_before_timing_it(faulty, capsys):
+    """Validate, then benchmark: a version wrong on the check shapes is reported and not timed; the right one is."""
+    from lab.__main__ import main
+    assert main(["bench", "faulty", "--op", "scale", "--device", "cpu", "--dry", "--version", "cpu",
+                 "--version", "wrong"]) == 0
+    out = capsys.readouterr().out
+    assert "faulty.scale: not timed, wrong on the check shapes: wrong" in out
+    timed = [ln for ln in out.splitlines() if ln.startswith("[lab] (")]
+    assert any(" cpu " in ln for ln in timed) and not any(" wrong " in ln for ln in timed), timed
