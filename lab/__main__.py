@@ -8,6 +8,7 @@
   plot                     redraw results/<device>/plots/ of this machine's devices (--device NAME, --all), and
                            results/index.html: every device's results on one self-contained page
   report [FAMILY ...]      the main job: build, check, bench, profile, plot every family the machine can run
+  summary [--readme]       this machine's results/<device>/SUMMARY.md (--readme: README's status table)
   watch FAMILY             on every save: rebuild what changed, check and time the versions it touches
   buildtime [FAMILY ...]   the edit-and-rerun benchmark: cold/warm builds and one-line edits, into
                            results/<device>/build_times.csv (a scratch copy of the sources, an empty cache)
@@ -245,6 +246,15 @@ def cmd_buildtime(args) -> int:
     return 0
 
 
+def cmd_summary(args) -> int:
+    from . import report
+    if args.readme:
+        print(f"[lab] wrote {report.write_readme_status()}")
+        return 0
+    print(f"[lab] wrote {report.write_summary()}")
+    return 0
+
+
 def cmd_report(args) -> int:
     """The main job. Builds everything first (in parallel), then per family: check, bench, plot."""
     from . import report
@@ -295,6 +305,8 @@ def main(argv=None) -> int:
     sp = sub.add_parser("plot", help="redraw this machine's figures from results/<device>/results.csv")
     sp.add_argument("--device", help="the rows of this device name instead (e.g. 'NVIDIA H100 80GB HBM3')")
     sp.add_argument("--all", action="store_true", help="every device that has rows (rewrites their figures)")
+    sp = sub.add_parser("summary", help="write this machine's results/<device>/SUMMARY.md from its rows")
+    sp.add_argument("--readme", action="store_true", help="instead: README's status table, from every device's rows")
     sp = sub.add_parser("report", help="build, check, bench, profile and plot everything this machine can run")
     sp.add_argument("families", nargs="*")
     sp.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
@@ -316,6 +328,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     handler = {"list": cmd_list, "build": cmd_build, "check": cmd_check, "bench": cmd_bench,
                "profile": cmd_profile, "plot": cmd_plot, "report": cmd_report, "watch": cmd_watch,
+               "summary": cmd_summary,
                "buildtime": cmd_buildtime}[args.cmd]
     try:
         return handler(args)

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from . import bench, build, env, plot, profile, registry, verify
+from . import bench, build, env, plot, profile, registry, results, verify
 from .verify import dtype_name
 
 
@@ -127,7 +127,6 @@ def run(args) -> int:
 def write_summary(skipped: list[str] | None = None, device: str | None = None):
     """results/<device>/SUMMARY.md, from the tables: the newest row of every benchmark, check and
     build event on this kind of device, so runs of a few families at a time add up to one summary."""
-    from . import results
     device = device or env.default_device().type
     rows = [r for r in results.latest(results.read()) if r["device"] == device]
     name = max(rows, key=lambda r: r["timestamp"] or "")["device_name"] if rows else env.device_name(device)
@@ -202,4 +201,87 @@ def write_summary(skipped: list[str] | None = None, device: str | None = None):
     path = env.device_dir(name) / "SUMMARY.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
+    return path
+
+
+# ---- README's status table, generated from the rows ------------------------------------------------------------
+def _is_baseline(r: dict) -> bool:
+    try:
+        return registry.get(r["family"]).op(r["op"]).version(r["version"]).baseline
+    except (KeyError, AttributeError, StopIteration, ValueError):
+        return r["version"].startswith("torch") or r["version"] in ("reference", "cublas", "cudnn")
+
+
+def headlines(rows: list[dict]) -> list[dict]:
+    """Per (family, op, dtype, precision of our kernel), at the largest shape timed: our fastest kernel and the
+    fastest baseline of the same precision, in each mode (eager, graph) — never a ratio across modes or precisions."""
+    rows = [r for r in results.latest(rows) if r["median_us"] and r["mode"] != "wall"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["family"], r["op"], r["dtype"]), []).append(r)
+    out = []
+    for (fam, op, dt), rs in sorted(groups.items()):
+        by_shape: dict[str, list[dict]] = {}
+        for r in rs:
+            by_shape.setdefault(r["shape"], []).append(r)
+        shape = max(by_shape, key=lambda s: (max(r["size"] or 0 for r in by_shape[s]), len(by_shape[s]), s))
+        sel = by_shape[shape]
+        for prec in sorted({r["precision"] for r in sel if not _is_baseline(r)}):
+            line = {"family": fam, "op": op, "dtype": dt, "precision": prec, "shape": shape, "modes": {}}
+            for mode in ("events", "graph", "cpu"):
+                ours = [r for r in sel if not _is_baseline(r) and r["precision"] == prec and r["mode"] == mode]
+                base = [r for r in sel if _is_baseline(r) and r["precision"] == prec and r["mode"] == mode]
+                if ours:
+                    o = min(ours, key=lambda r: r["median_us"])
+                    b = min(base, key=lambda r: r["median_us"]) if base else None
+                    line["modes"][mode] = (o, b)
+            if line["modes"]:
+                out.append(line)
+    return out
+
+
+def readme_status(device_dir) -> str:
+    """Markdown: the headline table of one device's results (what README's status section shows)."""
+    rows = results.read(device_dir / results.TABLE)
+    if not rows:
+        return ""
+    lines = [f"**{rows[0]['device_name']}** — generated from `results/{device_dir.name}/results.csv` by "
+             f"`python -m lab summary --readme` (newest row per case; commits "
+             f"{', '.join(sorted({r['commit'] for r in rows if r['commit']}))}). Per op and dtype, at the largest "
+             "shape timed: our fastest kernel against the fastest baseline of the same precision, in the same mode "
+             "(eager: CUDA events per call; graph: replayed from a CUDA graph).", "",
+             "| op | dtype (precision) | shape | eager: ours · baseline · × | graph: ours · baseline · × | "
+             "% of ceiling (ours) |", "|---|---|---|---|---|---|"]
+
+    def cell(pair):
+        if not pair:
+            return "–"
+        o, b = pair
+        s = f"{o['version']} {o['median_us']:.4g} µs"
+        if b:
+            s += f" · {b['version']} {b['median_us']:.4g} µs · {b['median_us'] / o['median_us']:.2f}×"
+        return s
+
+    for h in headlines(rows):
+        m = h["modes"]
+        eager = m.get("events") or m.get("cpu")
+        best = min((p[0] for p in m.values()), key=lambda r: r["median_us"])
+        pct = best.get("pct_peak") or best.get("pct_copy_bw")
+        what = "peak" if best.get("pct_peak") else "copy"
+        prec = h["dtype"] + (f" ({h['precision']})" if h["precision"] != h["dtype"] else "")
+        lines.append(f"| {h['family']}.{h['op']} | {prec} | {h['shape']} | {cell(eager)} | {cell(m.get('graph'))} | "
+                     + (f"{pct:.1f}% of {what}" if pct else "–") + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_readme_status(path=None) -> "Path":
+    """README's status table (between the status markers), one per device folder with rows."""
+    path = path or env.ROOT / "README.md"
+    text = path.read_text()
+    a, b = "<!-- status:begin -->", "<!-- status:end -->"
+    if a not in text or b not in text:
+        raise ValueError(f"{path} has no {a} ... {b} markers")
+    body = "\n".join(readme_status(d) for d in env.device_dirs() if (d / results.TABLE).exists())
+    i, j = text.index(a) + len(a), text.index(b)
+    path.write_text(text[:i] + "\n" + body + text[j:])
     return path

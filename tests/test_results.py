@@ -64,3 +64,21 @@ def test_cpu_rows_are_keyed_by_the_cpu_model():
     name = env.device_name("cpu")
     assert name not in ("x86_64", "aarch64", "") and env.slug(name) == env.device_dir(name).name
     assert env.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_status_headlines_compare_within_one_mode_and_precision():
+    """README's status table: per op and dtype, our fastest kernel against the fastest baseline of the same precision
+    in the same mode — a graph replay is never divided into an eager baseline, TF32 never into strict fp32."""
+    from lab import report
+    rows = [dict(_timing(H100, v, 1 << 20, us), mode=mode, precision=prec, family="linear", op="linear",
+                 shape="M=8", size=8)
+            for v, mode, prec, us in [("torch", "events", "float32", 100.0), ("torch", "graph", "float32", 60.0),
+                                      ("v8", "events", "float32", 80.0), ("v8", "graph", "float32", 50.0),
+                                      ("torch.tf32", "events", "tf32", 20.0), ("v12", "events", "tf32", 25.0)]]
+    hs = {h["precision"]: h for h in report.headlines(rows)}
+    o, b = hs["float32"]["modes"]["events"]
+    assert (o["version"], b["version"], b["median_us"] / o["median_us"]) == ("v8", "torch", 1.25)
+    o, b = hs["float32"]["modes"]["graph"]
+    assert (o["version"], b["mode"], b["median_us"] / o["median_us"]) == ("v8", "graph", 1.2)
+    o, b = hs["tf32"]["modes"]["events"]
+    assert (o["version"], b["version"]) == ("v12", "torch.tf32") and "graph" not in hs["tf32"]["modes"]
