@@ -9,6 +9,7 @@ Progress is printed as it goes; what is skipped is said, with the reason.
 """
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -245,13 +246,22 @@ def readme_status(device_dir) -> str:
     rows = results.read(device_dir / results.TABLE)
     if not rows:
         return ""
+    ceil = {}
+    if (device_dir / "ceilings.json").exists():
+        ceil = json.loads((device_dir / "ceilings.json").read_text())
+    cl = [f"torch {k.split('| torch ')[-1]}: copy {c['copy_gbps']:.0f} GB/s; cuBLAS "
+          + ", ".join(f"{p} {v:.1f}" for p, v in sorted(c.get("gemm_tflops", {}).items())) + " TFLOP/s"
+          + (f"; FP32 FMA probe {c['fma_tflops']:.1f} TFLOP/s" if c.get("fma_tflops") else "")
+          + f" (commit {c.get('stamp', {}).get('commit', '?')})" for k, c in sorted(ceil.items())]
     lines = [f"**{rows[0]['device_name']}** — generated from `results/{device_dir.name}/results.csv` by "
              f"`python -m lab summary --readme` (newest row per case; commits "
              f"{', '.join(sorted({r['commit'] for r in rows if r['commit']}))}). Per op and dtype, at the largest "
              "shape timed: our fastest kernel against the fastest baseline of the same precision, in the same mode "
-             "(eager: CUDA events per call; graph: replayed from a CUDA graph).", "",
-             "| op | dtype (precision) | shape | eager: ours · baseline · × | graph: ours · baseline · × | "
-             "% of ceiling (ours) |", "|---|---|---|---|---|---|"]
+             "(eager: CUDA events per call; graph: replayed from a CUDA graph).", ""]
+    if cl:
+        lines += ["Ceilings measured on it: " + "; ".join(cl) + ".", ""]
+    lines += ["| op | dtype (precision) | shape | eager: ours · baseline · × | graph: ours · baseline · × | "
+              "% of ceiling (ours) |", "|---|---|---|---|---|---|"]
 
     def cell(pair):
         if not pair:
