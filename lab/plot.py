@@ -185,6 +185,10 @@ def plot_family(family, device_name: str | None = None) -> list[Path]:
                 p = fn(op, dt, device_name)
                 if p:
                     out.append(p)
+    for fn in family.plots:   # the family's own figures (optim's step figure), from its recorded rows
+        p = fn(device_name)
+        if p:
+            out.append(p)
     return out
 
 

@@ -106,6 +106,9 @@ class Family:
     # Extra benchmarks beyond op x version x shape (a model end to end, an optimizer step): name -> fn(device, ...)
     # returning result rows; run by `python -m lab bench` and the report.
     extras: dict[str, Callable[..., list[dict]]] = field(default_factory=dict)
+    # Figures beyond the per-op ones, drawn from the family's recorded rows: fn(device_name) -> path or None; `lab plot`
+    # redraws them with the rest.
+    plots: list[Callable[[str | None], Any]] = field(default_factory=list)
     needs_gpu: bool = False                # nothing to run without one (the CPU code is still tested)
 
     def op(self, name: str) -> Op:

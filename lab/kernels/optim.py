@@ -561,14 +561,18 @@ def bench_many_small(device, record: bool = True, quick: bool = False) -> list[d
 
 
 # ---- the figure ---------------------------------------------------------------------------------------------------
-def plot_steps(rows: list[dict] | None = None, path: Path | str | None = None):
-    """Step time and achieved bandwidth of every variant, one column per parameter list (rows: the extras' rows, or
-    the newest ones in the results table). Returns the figure's path."""
+def plot_steps(rows: list[dict] | None = None, path: Path | str | None = None, device_name: str | None = None):
+    """Step time and achieved bandwidth of every variant, one column per parameter list (rows: the extras' rows as
+    recorded, or the newest ones in the results table of `device_name`, default the newest device's). Returns the
+    figure's path (results/<device>/plots/optim_steps.png), or None without rows. `lab plot` redraws it."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     if rows is None:
         rows = results.latest([r for r in results.read(family=FAMILY) if r["op"] in ("gpt2_small", "many_small")])
+        if rows and not device_name:
+            device_name = max(rows, key=lambda r: r["timestamp"] or "")["device_name"]
+        rows = [r for r in rows if r["device_name"] == device_name]
     rows = [r for r in rows if r["mode"] != "wall"]
     ops = [o for o in ("gpt2_small", "many_small") if any(r["op"] == o for r in rows)]
     if not ops:
@@ -587,7 +591,8 @@ def plot_steps(rows: list[dict] | None = None, path: Path | str | None = None):
         ax.set_yscale("log")
         ax.set_ylabel("ms per step (median)")
         ax.set_title(f"AdamW step, {op}: {sel[0]['shape']}", fontsize=9)
-        ax.tick_params(axis="x", rotation=45, labelsize=7)
+        ax.tick_params(axis="x", labelsize=7)
+        plt.setp(ax.get_xticklabels(), rotation=40, ha="right", rotation_mode="anchor")   # names end under their bar
         ax = axes[1][j]
         gb = [r["gbps"] for r in sel]
         ax.bar(names, gb, color=colors)
@@ -596,7 +601,8 @@ def plot_steps(rows: list[dict] | None = None, path: Path | str | None = None):
             ax.axhline(ceil["copy_gbps"], color="k", lw=0.8, ls="--")
             ax.annotate(f"copy {ceil['copy_gbps']:.0f} GB/s", (0, ceil["copy_gbps"]), fontsize=7, va="bottom")
         ax.set_ylabel("achieved GB/s (28 B/param / time)")
-        ax.tick_params(axis="x", rotation=45, labelsize=7)
+        ax.tick_params(axis="x", labelsize=7)
+        plt.setp(ax.get_xticklabels(), rotation=40, ha="right", rotation_mode="anchor")   # names end under their bar
     r0 = sel[0]
     fig.text(0.01, 0.005, f"{FORMULA}\n{r0['device_name']} · torch {r0['torch']} · CUDA {r0['cuda']} · "
                           f"commit {r0['commit']} · {r0['timestamp']}", fontsize=7, color="0.35")
@@ -707,4 +713,5 @@ def attempt_param_limit(tensors: Iterable[int] = (255, 256, 2047, 2048)) -> list
 
 register(Family(FAMILY, "Multi-tensor-apply Adam/AdamW: horizontal fusion of an optimizer step", OPS,
                 notebook="notebooks/06_fused_optimizer.ipynb",
-                extras={"gpt2_small": bench_gpt2_small, "many_small": bench_many_small}))
+                extras={"gpt2_small": bench_gpt2_small, "many_small": bench_many_small},
+                plots=[lambda device_name: plot_steps(device_name=device_name)]))
