@@ -187,25 +187,18 @@ NAME = "build_times.csv"
 
 
 def append(rows: list[dict], path: Path | None = None) -> Path:
-    """Append to results/<device>/build_times.csv (each row to its device's), first rewriting a table of the older
-    schema (no `target` column)."""
+    """Append to results/<device>/build_times.csv (each row to its device's; results.append routes them), first
+    rewriting a table of the older schema (no `target` column)."""
     from . import results
-    if path is None:
-        groups: dict[str, list[dict]] = {}
-        for r in rows:
-            groups.setdefault(r["device_name"], []).append(r)
-        out = results.table_path(name=NAME)
-        for dev, rs in groups.items():
-            out = append(rs, results.table_path(dev, NAME))
-        return out
-    if path.exists():
-        with open(path, newline="") as fh:
-            r = csv.DictReader(fh)
-            if r.fieldnames and r.fieldnames != COLUMNS:
-                old = [{k: row.get(k, "") for k in COLUMNS} for row in r]
-                path.unlink()
-                results.append(old, path, COLUMNS)
-    return results.append(rows, path, COLUMNS)
+    for p in ([path] if path else [results.table_path(d, NAME) for d in {r["device_name"] for r in rows}]):
+        if p.exists():
+            with open(p, newline="") as fh:
+                r = csv.DictReader(fh)
+                if r.fieldnames and r.fieldnames != COLUMNS:
+                    old = [{k: row.get(k, "") for k in COLUMNS} for row in r]
+                    p.unlink()
+                    results.append(old, p, COLUMNS)
+    return results.append(rows, path, COLUMNS, name=NAME)
 
 
 def table(rows: list[dict]) -> str:

@@ -33,7 +33,7 @@ def _series_key(r: dict) -> str:
 
 def _one_run_per_series(rows: list[dict]) -> list[dict]:
     """Each series (version, mode) from its newest run only: a line never joins points of different runs."""
-    newest: dict[str, str] = {}
+    newest: dict[str, tuple[str, str]] = {}   # series -> (timestamp, run_id) of its newest row
     for r in rows:
         k = _series_key(r)
         if (r.get("timestamp") or "") >= newest.get(k, ("", ""))[0]:
@@ -136,14 +136,10 @@ def _device_section(d: Path, n: int) -> str:
                   _table(["device | torch", "copy GB/s", "GEMM TFLOP/s", "FP32 FMA TFLOP/s"], body)]
     checks = results.read(d / "checks.csv", numeric={"rel_err", "tol"})
     if checks:
-        newest: dict[tuple, dict] = {}
-        for c in checks:
-            k = (c["family"], c["op"], c["version"], c["dtype"], c["shape"], c["device"])
-            if k not in newest or (c["timestamp"] or "") >= (newest[k]["timestamp"] or ""):
-                newest[k] = c
-        fams = sorted({c["family"] for c in newest.values()})
-        body = [[f, sum(c["passed"] == "True" for c in newest.values() if c["family"] == f),
-                 sum(1 for c in newest.values() if c["family"] == f)] for f in fams]
+        newest = results.latest_checks(checks)
+        fams = sorted({c["family"] for c in newest})
+        body = [[f, sum(c["passed"] == "True" for c in newest if c["family"] == f),
+                 sum(1 for c in newest if c["family"] == f)] for f in fams]
         parts += ["<h3>Checks against float64 references (newest per case)</h3>",
                   _table(["family", "passed", "cases"], body)]
     bt = results.read(d / "build_times.csv", numeric={"seconds"})

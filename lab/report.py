@@ -133,14 +133,8 @@ def write_summary(skipped: list[str] | None = None, device: str | None = None):
     name = max(rows, key=lambda r: r["timestamp"] or "")["device_name"] if rows else env.device_name(device)
     rows = [r for r in rows if r["device_name"] == name]
     ck = results.read(numeric={"rel_err", "max_abs", "tol", "torch_rel_err", "seeds"}, name="checks.csv")
-    newest: dict[tuple, dict] = {}
-    for c in ck:
-        if c["device_name"] != name and not (c["device"] == "cpu" and device == "cuda"):
-            continue
-        k = (c["family"], c["op"], c["version"], c["dtype"], c["shape"], c["device"])
-        if k not in newest or (c["timestamp"] or "") >= (newest[k]["timestamp"] or ""):
-            newest[k] = c
-    checks = list(newest.values())
+    checks = results.latest_checks([c for c in ck if c["device_name"] == name
+                                    or (c["device"] == "cpu" and device == "cuda")])
     bt = [b for b in results.read(numeric={"seconds", "cpus"}, name="build_times.csv")
           if b["device_name"] == name]
     stamp = max(rows, key=lambda r: r["timestamp"] or "") if rows else env.machine(device)

@@ -110,6 +110,16 @@ def latest(rows: list[dict]) -> list[dict]:
     return list(best.values())
 
 
+def latest_checks(rows: list[dict]) -> list[dict]:
+    """Keep the newest check of each (family, op, version, dtype, shape, device) from checks.csv rows."""
+    best: dict[tuple, dict] = {}
+    for c in rows:
+        k = (c["family"], c["op"], c["version"], c["dtype"], c["shape"], c["device"])
+        if k not in best or (c["timestamp"] or "") >= (best[k]["timestamp"] or ""):
+            best[k] = c
+    return list(best.values())
+
+
 def stamp(device) -> dict:
     m = env.machine(str(device))
     return {"device": m["device"], "device_name": m["device_name"], "torch": m["torch"], "cuda": m["cuda"],

@@ -82,3 +82,19 @@ def test_status_headlines_compare_within_one_mode_and_precision():
     assert (o["version"], b["mode"], b["median_us"] / o["median_us"]) == ("v8", "graph", 1.2)
     o, b = hs["tf32"]["modes"]["events"]
     assert (o["version"], b["version"]) == ("v12", "torch.tf32") and "graph" not in hs["tf32"]["modes"]
+
+
+def test_build_times_go_to_their_device_and_an_old_table_is_migrated(tmp_path, monkeypatch):
+    from lab import buildtime
+    monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path))
+    h = tmp_path / "nvidia-h100-80gb-hbm3"
+    h.mkdir()
+    (h / "build_times.csv").write_text("family,flavor,event,seconds,device_name,cpus,torch,commit,timestamp\n"
+                                       f"basics,cuda,cold_build,14.1,{H100},16,2.11,x,2026\n")
+    row = dict(family="basics", flavor="cpu", event="edit_unit", target="a.cu", seconds=1.0, cpus=2, torch="t",
+               commit="c", timestamp="2026", run_id="r")
+    buildtime.append([dict(row, device_name="Some CPU"), dict(row, device_name=H100, flavor="cuda")])
+    got = results.read(h / "build_times.csv", numeric={"seconds"})
+    assert [(r["event"], r["target"], r["seconds"]) for r in got] == [("cold_build", None, 14.1),
+                                                                      ("edit_unit", "a.cu", 1.0)]
+    assert [r["device_name"] for r in results.read(tmp_path / "some-cpu" / "build_times.csv")] == ["Some CPU"]
