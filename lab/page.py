@@ -48,8 +48,9 @@ def _tip(r: dict) -> str:
         parts.append(f"{r['gbps']:.4g} GB/s" + (f" = {r['pct_copy_bw']:.1f}% of copy" if r.get("pct_copy_bw") else ""))
     if r.get("tflops"):
         parts.append(f"{r['tflops']:.4g} TFLOP/s" + (f" = {r['pct_peak']:.1f}% of peak" if r.get("pct_peak") else ""))
-    if r.get("speedup"):
-        parts.append(f"{r['speedup']:.2f}× over {r.get('baseline') or '?'}")
+    if r.get("speedup") and (r.get("baseline") or "").endswith(")"):
+        # only rows of the same-mode rule ("torch (graph)"); older rows divided graph replays by an eager baseline
+        parts.append(f"{r['speedup']:.2f}× over {r['baseline']}")
     parts.append(f"commit {r.get('commit')} · {r.get('timestamp')}")
     return "\n".join(parts)
 
