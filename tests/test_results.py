@@ -44,19 +44,21 @@ def test_each_device_has_its_own_folder_and_a_run_here_leaves_the_others_alone(t
     from lab import env, plot
     monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path))
     here = env.device_name("cpu")
-    results.append([_timing(H100, "v2", n, n / 1e3) for n in (1 << 20, 1 << 22)])
-    h100 = tmp_path / "nvidia-h100-80gb-hbm3"
-    assert env.device_dir(H100) == h100 and (h100 / "results.csv").exists()
-    before = (h100 / "results.csv").read_text()
+    # Another machine's GPU (not the H100: on the H100 machine that is one of this machine's devices).
+    other = "NVIDIA Elsewhere GPU (another machine)"
+    results.append([_timing(other, "v2", n, n / 1e3) for n in (1 << 20, 1 << 22)])
+    elsewhere = tmp_path / "nvidia-elsewhere-gpu-another-machine"
+    assert env.device_dir(other) == elsewhere and (elsewhere / "results.csv").exists()
+    before = (elsewhere / "results.csv").read_text()
     results.append([_timing(here, v, n, n / 5e2, "cpu") for v in ("cpu", "torch") for n in (1 << 10, 1 << 12)])
-    assert (h100 / "results.csv").read_text() == before
-    assert (env.device_dir(here) / "results.csv").exists() and env.device_dir(here) != h100
-    assert {r["device_name"] for r in results.read()} == {H100, here}        # reading: every device's table
+    assert (elsewhere / "results.csv").read_text() == before
+    assert (env.device_dir(here) / "results.csv").exists() and env.device_dir(here) != elsewhere
+    assert {r["device_name"] for r in results.read()} == {other, here}        # reading: every device's table
     assert {r["device_name"] for r in results.read(env.device_dir(here) / "results.csv")} == {here}
     figs = plot.plot_all()
-    assert figs and all(p.parent == env.device_dir(here) / "plots" for p in figs)
-    assert not (h100 / "plots").exists()
-    assert plot.plot_all(H100) and (h100 / "plots").is_dir()               # named: that device's own folder
+    assert figs and all(p.parent == env.device_dir(here) / "plots" for p in figs)   # (this machine's GPU has no rows)
+    assert not (elsewhere / "plots").exists()
+    assert plot.plot_all(other) and (elsewhere / "plots").is_dir()               # named: that device's own folder
 
 
 def test_cpu_rows_are_keyed_by_the_cpu_model():
@@ -98,3 +100,22 @@ def test_build_times_go_to_their_device_and_an_old_table_is_migrated(tmp_path, m
     assert [(r["event"], r["target"], r["seconds"]) for r in got] == [("cold_build", None, 14.1),
                                                                       ("edit_unit", "a.cu", 1.0)]
     assert [r["device_name"] for r in results.read(tmp_path / "some-cpu" / "build_times.csv")] == ["Some CPU"]
+
+
+def test_build_time_table_puts_together_the_newest_run_of_each_family():
+    """The lent H100 runs a few families per call: README's table takes each family from the newest run that edited
+    it (not only the newest run's families), and the cold build from the run that built the most families."""
+    from lab import buildtime
+
+    def row(run, ts, fam, ev, s, target=""):
+        return dict(family=fam, flavor="cuda", event=ev, target=target, seconds=str(s), device_name=H100, cpus="16",
+                    torch="2.11", commit=run, timestamp=ts, run_id=run)
+    rows = [row("a", "2026-01-01T00:00", "(all)", "cold_build_all", 38.0, "basics,linear,rope,optim,kron,gru"),
+            row("a", "2026-01-01T00:00", "linear", "edit_unit", 4.0, "cuda_src/linear/v1.cu"),
+            row("a", "2026-01-01T00:00", "gru", "edit_unit", 9.0, "cuda_src/gru/v3.cu"),
+            row("b", "2026-01-02T00:00", "(all)", "cold_build_all", 20.0, "gru"),
+            row("b", "2026-01-02T00:00", "gru", "edit_unit", 5.0, "cuda_src/gru/v3.cu")]
+    got = {(r["family"], r["event"]): r["seconds"] for r in buildtime.latest_run(rows, H100)}
+    assert got == {("linear", "edit_unit"): "4.0", ("gru", "edit_unit"): "5.0", ("(all)", "cold_build_all"): "38.0"}
+    md = buildtime.readme_table(rows)
+    assert "| gru | 5.0 s (v3.cu)" in md and "| linear | 4.0 s (v1.cu)" in md and "every family 38.0 s" in md
