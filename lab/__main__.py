@@ -238,8 +238,11 @@ def cmd_buildtime(args) -> int:
             if fig:
                 print(f"[lab] wrote {fig}")
         return 0
-    rows = buildtime.run(args.families or None, flavor="cuda" if (env.has_gpu() or args.cuda) else "cpu",
-                         record=not args.dry)
+    flavor = "cuda" if (env.has_gpu() or args.cuda) else "cpu"
+    if args.phases:
+        buildtime.phases(args.families or None, flavor=flavor, record=not args.dry)
+        return 0
+    rows = buildtime.run(args.families or None, flavor=flavor, record=not args.dry)
     print(buildtime.table(rows))
     if rows and not args.dry:
         print(f"[lab] wrote {buildtime.plot(device_name=rows[0]['device_name'])}")
@@ -325,6 +328,9 @@ def main(argv=None) -> int:
     sp.add_argument("--readme", action="store_true",
                     help="only regenerate README's build-time table (and this machine's build_times.png) from the CSVs")
     sp.add_argument("--device", help="with --readme: redraw the figure of this device name")
+    sp.add_argument("--phases", action="store_true",
+                    help="instead: each target's compile re-run alone with the compiler's phase timers "
+                         "(nvcc --time, g++ -ftime-report), into results/<device>/build_phases.csv")
     args = p.parse_args(argv)
     handler = {"list": cmd_list, "build": cmd_build, "check": cmd_check, "bench": cmd_bench,
                "profile": cmd_profile, "plot": cmd_plot, "report": cmd_report, "watch": cmd_watch,

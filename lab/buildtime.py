@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -352,3 +353,114 @@ def write_readme(path: Path | None = None) -> Path:
     i, j = text.index(a) + len(a), text.index(b)
     path.write_text(text[:i] + "\n" + readme_table(rows) + "\n" + text[j:])
     return path
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Where a rebuild's time goes: each target's compile, re-run alone with the compiler's own phase timers
+# --------------------------------------------------------------------------------------------------------------
+PHASES_NAME = "build_phases.csv"
+PHASE_COLUMNS = ["family", "target", "kind", "step", "phase", "seconds", "device_name", "cpus", "torch", "commit",
+                 "timestamp", "run_id"]
+# nvcc --time's phases, grouped: what the host compiler does (cudafe++ splits the file, g++ compiles the host side)
+# and what makes the device code (cicc: C++ -> PTX, ptxas: PTX -> SASS).
+_NVCC_GROUP = {"gcc (preprocessing 4)": "host: preprocess", "cudafe++": "host: cudafe++",
+               "gcc (compiling)": "host: g++", "gcc (preprocessing 1)": "device: preprocess", "cicc": "device: cicc",
+               "ptxas": "device: ptxas", "fatbinary": "device: fatbinary"}
+# g++ -ftime-report's top-level phases (GCC >= 9)
+_GCC_PHASES = {"phase parsing": "parse", "phase lang. deferred": "instantiate templates",
+               "phase opt and generate": "optimize + generate", "phase setup": "setup"}
+
+
+def _ninja_vars(bdir: Path) -> dict[str, list[str] | str]:
+    vals: dict = {}
+    for ln in (bdir / "build.ninja").read_text().splitlines():
+        k, sep, v = ln.partition(" = ")
+        if sep and not ln.startswith(" "):
+            vals[k] = v
+    return vals
+
+
+def _timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed:\n{r.stderr[-2000:]}")
+    return dt, r.stderr
+
+
+def target_phases(t) -> list[tuple[str, str, float]]:
+    """(step, phase, seconds) of one built target, its commands re-run one at a time in a scratch folder with the
+    flags torch's build.ninja gave them: nvcc --time for the .cu, g++ -ftime-report for the .cpp, and the link."""
+    import shlex
+    from . import build
+    bdir = t.build_dir
+    v = _ninja_vars(bdir)
+    out: list[tuple[str, str, float]] = []
+    with tempfile.TemporaryDirectory(prefix="lab-phases-") as tmp:
+        tmp = Path(tmp)
+        objs = []
+        if (bdir / "main.cpp").exists():
+            flags = shlex.split(v["cflags"]) + shlex.split(v.get("post_cflags", ""))
+            pch = build.pch_dir(t)
+            if pch is not None and f"-I{pch}" not in flags:
+                flags.insert(0, f"-I{pch}")   # as the next edit of this binding compiles
+            cmd = shlex.split(v["cxx"]) + flags + ["-c", str(bdir / "main.cpp"), "-o", str(tmp / "main.o"),
+                                                   "-ftime-report"]
+            dt, err = _timed(cmd, tmp)
+            out.append(("main.cpp", "wall", dt))
+            for ln in err.splitlines():
+                name, sep, rest = ln.strip().partition(":")
+                if sep and name.strip() in _GCC_PHASES:
+                    nums = re.findall(r"(\d+\.\d+)\s*\(", rest)   # usr, sys, wall
+                    if len(nums) >= 3:
+                        out.append(("main.cpp", _GCC_PHASES[name.strip()], float(nums[2])))
+            objs.append(tmp / "main.o")
+        if (bdir / "cuda.cu").exists():
+            flags = shlex.split(v["cuda_cflags"]) + shlex.split(v.get("cuda_post_cflags", ""))
+            csv_path = tmp / "nvcc-time.csv"
+            cmd = shlex.split(v["nvcc"]) + flags + ["-c", str(bdir / "cuda.cu"), "-o", str(tmp / "cuda.o"),
+                                                    "--time", str(csv_path)]
+            dt, _ = _timed(cmd, tmp)
+            out.append(("cuda.cu", "wall", dt))
+            groups: dict[str, float] = {}
+            with open(csv_path, newline="") as fh:
+                for row in csv.reader(fh):
+                    if len(row) >= 8 and row[1].strip() in _NVCC_GROUP:
+                        g = _NVCC_GROUP[row[1].strip()]
+                        groups[g] = groups.get(g, 0.0) + float(row[6]) / 1e3
+            out += [("cuda.cu", g, s) for g, s in groups.items()]
+            objs.append(tmp / "cuda.o")
+        dt, _ = _timed(shlex.split(v["cxx"]) + [str(o) for o in objs] + shlex.split(v["ldflags"]) +
+                       ["-o", str(tmp / "x.so")], tmp)
+        out.append(("link", "wall", dt))
+    return out
+
+
+def phases(families: list[str] | None = None, flavor: str | None = None, record: bool = True,
+           verbose: bool = True) -> list[dict]:
+    """Build the families (if not cached), then time every target's compile alone, phase by phase, into
+    results/<device>/build_phases.csv: the evidence for what bounds an edit that misses its goal."""
+    from . import build, results
+    flavor = flavor or build.default_flavor()
+    fams = families or build.families_on_disk()
+    stamp = env.machine()
+    rows: list[dict] = []
+    for fam in fams:
+        build.load(fam, flavor, verbose=verbose)
+        build.wait_for_pch()
+        for t in build.spec(fam, flavor).targets:
+            for step, phase, sec in target_phases(t):
+                rows.append({"family": fam, "target": t.display, "kind": t.kind, "step": step, "phase": phase,
+                             "seconds": round(sec, 3), "device_name": stamp["device_name"], "cpus": os.cpu_count(),
+                             "torch": stamp["torch"], "commit": stamp["commit"],
+                             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "run_id": results.RUN_ID})
+            if verbose:
+                mine = [r for r in rows if r["target"] == t.display and r["family"] == fam]
+                parts = ", ".join(f"{r['step']} {r['phase']} {r['seconds']:.2f}" for r in mine
+                                  if r["phase"] != "wall" or r["step"] == "link")
+                walls = sum(r["seconds"] for r in mine if r["phase"] == "wall" and r["step"] != "link")
+                print(f"[lab] phases {t.display:<44} {walls:6.2f} s  ({parts})", flush=True)
+        if record:
+            results.append([r for r in rows if r["family"] == fam], None, PHASE_COLUMNS, name=PHASES_NAME)
+    return rows
