@@ -15,12 +15,10 @@
 // (at::mm's out_dtype), so gate pre-activations are never rounded to 16 bits.
 //
 // Launchers: "gru_gates" (cuda_src/gru/gates.cu), "gru_decoder_prep" (decoder.cu), and per variant of v3.cu
-// "gru_v3_plan@<dtype>,<rb>,<kpt>" / "gru_v3@<dtype>,<rb>,<kpt>" (dtype f32/f16/bf16; rb 2 = v3, rb 4 = v4; kpt by
-// hidden size, cuda_src/gru/v3_kpt.h); the CPU unit's
+// "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" (dtype f32/f16/bf16; rb 2 = v3, rb 4 = v4); the CPU unit's
 // "gru_layer_cpu_<dtype>", "gru_gates_cpu_<dtype>", "decoder_tokens_cpu_<dtype>", "decoder_gather_cpu_<dtype>"
 // (f32, f64: float16/bfloat16 tensors are widened to float here, and the float result rounded back).
 #include "lab_common.h"
-#include "gru/v3_kpt.h"
 
 #include <torch/version.h>
 
@@ -134,16 +132,14 @@ std::pair<int64_t, int64_t> check_forward(const at::Tensor& x, const std::option
 at::Tensor widened(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
 
 #ifdef LAB_WITH_CUDA
-// The v3.cu variant that runs `version` (3: rb 2, 4: rb 4) for dtype_code (0 float32, 1 float16, 2 bfloat16) and
-// `hidden` (its KPT; a hidden size no KPT covers goes to the kpt=32 build, whose plan says why it cannot run).
-std::string v3_variant(const char* name, int64_t version, int dtype, int64_t hidden) {
+// The v3.cu variant that runs `version` (3: rb 2, 4: rb 4) for dtype_code (0 float32, 1 float16, 2 bfloat16).
+std::string v3_variant(const char* name, int64_t version, int dtype) {
   static const char* dt[3] = {"f32", "f16", "bf16"};
-  const int kpt = gru::v3_kpt(hidden);
-  return lab::cat(name, "@", dt[dtype], ",", version == 4 ? "4" : "2", ",", kpt ? kpt : 32);
+  return lab::cat(name, "@", dt[dtype], ",", version == 4 ? "4" : "2");
 }
 
 int v3_plan_call(int64_t version, int dtype, int B, int H, int* info) {
-  auto plan = lab::launcher<V3PlanCuda>(v3_variant("gru_v3_plan", version, dtype, H));
+  auto plan = lab::launcher<V3PlanCuda>(v3_variant("gru_v3_plan", version, dtype));
   return plan(B, H, info);
 }
 
@@ -161,7 +157,6 @@ std::string v3_plan_error(int64_t version, int status, const int* info, int64_t 
     case 3: o += lab::cat("its one-barrier-per-step design needs all ", info[8], " blocks co-resident, the GPU holds ",
                           info[9], " at once"); break;
     case 4: o += "the device does not support cooperative launches"; break;
-    case 6: o += "the binding asked the v3.cu build of another KPT (a bug: v3_kpt.h decides both)"; break;
     default: o += lab::cat("a CUDA error while planning the launch (", cudaGetErrorString(cudaGetLastError()), ")"); break;
   }
   return o + "; use v2";
@@ -200,7 +195,7 @@ void layer_cuda(int64_t version, const at::Tensor& in, const at::Tensor& w_ih, c
     return;
   }
   // cuda_src/gru/v3.cu, the variant of this version (rb 2 / 4) and dtype
-  const V3Cuda gru_v3 = lab::launcher<V3Cuda>(v3_variant("gru_v3", version, dt, H));
+  const V3Cuda gru_v3 = lab::launcher<V3Cuda>(v3_variant("gru_v3", version, dt));
   LAB_CUDA_CHECK(gru_v3(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
                         h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), lab::check_int32(Tn, "seq_len"), b, h,
                         st),

@@ -13,9 +13,8 @@
 //
 // Units (each its own build; this header holds what they share):
 //   gates.cu    gates_kernel, the fused pointwise gate kernel of v1/v2 and the decoder step ("gru_gates")
-//   v3.cu       the persistent kernel of v3 and v4 (RB = 2 / 4), its plan and launcher; built once per dtype, RB
-//               and KPT (// lab:variants dtype=f32,f16,bf16 rb=2,4 kpt=8,16,32; KPT by hidden size: v3_kpt.h):
-//               "gru_v3_plan@f32,2,32", "gru_v3@bf16,4,16", ...
+//   v3.cu       the persistent kernel of v3 and v4 (RB = 2 / 4), its plan and launcher; built once per dtype and
+//               RB (// lab:variants dtype=f32,f16,bf16 rb=2,4): "gru_v3_plan@f32,2", "gru_v3@bf16,4", ...
 //   decoder.cu  decoder_prep_kernel, the decoder step's token pick and gathers ("gru_decoder_prep")
 //   cpp_src/gru/cpu.cpp  the C++ CPU version (version 0) and the CPU loops of gru_gates and decoder_prep
 //

@@ -1,12 +1,11 @@
 // gru/v3.cu — v3 and v4: the persistent kernel, its plan and its launcher (the ladder and the work split: gru.cuh).
-// lab:variants dtype=f32,f16,bf16 rb=2,4 kpt=8,16,32
+// lab:variants dtype=f32,f16,bf16 rb=2,4
 //
-// Built once per variant, so one build instantiates the 2 kernels (S = KPT/2, KPT) of one storage type, one RB and
-// one KPT: rb=2 is v3 (rows in pairs, butterfly), rb=4 is v4 (rows in fours, reduce-scatter); KPT follows the hidden
-// size (v3_kpt.h). The binding picks "gru_v3_plan@<dtype>,<rb>,<kpt>" / "gru_v3@<dtype>,<rb>,<kpt>" by version,
-// dtype and hidden. The plan asks the occupancy API about the kernel it would launch, so plan and launch live here.
+// Built once per variant, so one build instantiates the KPT x S configurations (6 kernels) of one storage type and
+// one RB: rb=2 is v3 (rows in pairs, butterfly), rb=4 is v4 (rows in fours, reduce-scatter). The binding picks
+// "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" by version and dtype. The plan asks the occupancy API about the
+// kernel it would launch, so plan and launch live here together.
 #include "gru.cuh"
-#include "v3_kpt.h"
 
 // cooperative_groups.h without the libcu++ headers it would pull in (cuda/std/type_traits, cuda/atomic): the unit
 // needs only this_grid().sync(), and those headers were ~2.2 of this unit's ~5 s nvcc run on the 2-core machine.
@@ -36,15 +35,6 @@ constexpr int kRB = 2;
 constexpr int kRB = 4;
 #else
 #error "gru/v3.cu is built per variant (// lab:variants above): -DLAB_VARIANT_rb_2 or _rb_4"
-#endif
-#if defined(LAB_VARIANT_kpt_8)
-constexpr int kKPT = 8;
-#elif defined(LAB_VARIANT_kpt_16)
-constexpr int kKPT = 16;
-#elif defined(LAB_VARIANT_kpt_32)
-constexpr int kKPT = 32;
-#else
-#error "gru/v3.cu is built per variant (// lab:variants above): -DLAB_VARIANT_kpt_8, _kpt_16 or _kpt_32"
 #endif
 
 // L2-only loads (ld.global.cg): h_{t-1} was written by other SMs during this launch; L1 is not coherent.
@@ -303,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
 struct Plan {
   int kpt = 0, s = 0, hb = 0, ph = 0, pb = 0, bb = 0, bc = 0, smem = 0, blocks = 0, max_coresident = 0;
   int status = 0;  // 0 ok; 1 hidden too large; 2 batch slice does not fit shared memory; 3 not co-resident;
-                   // 4 no cooperative launch on this device; 5 a CUDA error while asking; 6 another KPT's build
+                   // 4 no cooperative launch on this device; 5 a CUDA error while asking
 };
 
 inline int elem_size(int dtype) { return dtype == kF32 ? 4 : dtype == kF64 ? 8 : 2; }
@@ -311,23 +301,20 @@ inline int elem_size(int dtype) { return dtype == kF32 ? 4 : dtype == kF64 ? 8 :
 template <class T, int KPT, int S, int RB>
 const void* v3_kernel() { return reinterpret_cast<const void*>(&gru_v3_kernel<T, KPT, S, RB>); }
 
-// This variant's two kernels: S = KPT/2 or KPT lanes per unit.
 template <class T, int RB>
-const void* v3_kernel_for(int s) {
-  return s == kKPT / 2 ? v3_kernel<T, kKPT, kKPT / 2, RB>() : v3_kernel<T, kKPT, kKPT, RB>();
+const void* v3_kernel_for(int kpt, int s) {
+  if (kpt == 8) return s == 4 ? v3_kernel<T, 8, 4, RB>() : v3_kernel<T, 8, 8, RB>();
+  if (kpt == 16) return s == 8 ? v3_kernel<T, 16, 8, RB>() : v3_kernel<T, 16, 16, RB>();
+  return s == 16 ? v3_kernel<T, 32, 16, RB>() : v3_kernel<T, 32, 32, RB>();
 }
 
 // version 3: rows in pairs, butterfly reduction; version 4: rows in fours, reduce-scatter. A variant build holds the
 // kernels of one (dtype, RB): choosing the version and dtype is the binding's choice of variant name.
 inline Plan make_plan(int B, int H) {
   Plan p;
-  p.kpt = v3_kpt(H);
+  p.kpt = H <= 64 ? 8 : H <= 256 ? 16 : H <= 1024 ? 32 : 0;
   if (!p.kpt) {
     p.status = 1;
-    return p;
-  }
-  if (p.kpt != kKPT) {  // the binding asked the wrong build (it picks by v3_kpt too)
-    p.status = 6;
     return p;
   }
   const int need = (H + p.kpt - 1) / p.kpt;
@@ -369,7 +356,7 @@ inline Plan make_plan(int B, int H) {
     return p;
   }
   p.smem = fixed + p.bc * row;
-  const void* k = v3_kernel_for<VT, kRB>(p.s);
+  const void* k = v3_kernel_for<VT, kRB>(p.kpt, p.s);
   int occ = 0;
   if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, p.smem) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, kThreads, p.smem) != cudaSuccess) {
@@ -417,7 +404,7 @@ cudaError_t gru_v3(const float* gi, const void* w_hh, const void* b_ih, const vo
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelExC(&cfg, v3_kernel_for<VT, kRB>(p.s), args);
+  return cudaLaunchKernelExC(&cfg, v3_kernel_for<VT, kRB>(p.kpt, p.s), args);
 }
 
 LAB_EXPORTS(LAB_EXPORT("gru_v3_plan", gru_v3_plan), LAB_EXPORT("gru_v3", gru_v3))
