@@ -214,27 +214,25 @@ GOALS = {"edit_unit": 3.0, "edit_cpu_unit": 6.0, "edit_binding": 6.0, "edit_shar
 
 
 def latest_run(rows: list[dict], device_name: str | None = None) -> list[dict]:
-    """The newest rows of one device (default: the device of the newest run): per family, the rows of the newest run
-    that edited it; for "(all)", the import rows of the newest run and the newest cold build that covered the most
-    families. The lent H100 runs a few families per call, so one table is put together from several runs."""
+    """The newest measurement of each edit on one device (default: the device of the newest run): per (family,
+    event, target) the newest row; for "(all)", the newest import rows and the newest cold build that covered the most
+    families. The lent H100 runs a few families per call, so one table is put together from several runs (README
+    names their commits)."""
     rows = [r for r in rows if r.get("run_id")]
     if device_name is None and rows:
         device_name = max(rows, key=lambda r: r["timestamp"])["device_name"]
     rows = [r for r in rows if r["device_name"] == device_name]
-    if not rows:
-        return []
-    out = []
-    for fam in sorted({r["family"] for r in rows} - {"(all)"}):
-        fr = [r for r in rows if r["family"] == fam and r["event"] != "cached_load_new_process"] or \
-            [r for r in rows if r["family"] == fam]
-        rid = max(fr, key=lambda r: r["timestamp"])["run_id"]
-        out += [r for r in rows if r["family"] == fam and r["run_id"] == rid]
-    allr = [r for r in rows if r["family"] == "(all)"]
-    for ev in ("import_torch", "import_lab_over_torch"):
-        ev_rows = [r for r in allr if r["event"] == ev]
-        if ev_rows:
-            out.append(max(ev_rows, key=lambda r: r["timestamp"]))
-    cold = [r for r in allr if r["event"] == "cold_build_all"]
+    newest: dict[tuple, dict] = {}
+    for r in rows:
+        if r["family"] == "(all)" and r["event"] == "cold_build_all":
+            continue
+        if (r["target"] or "").startswith(("cuda_src/", "cpp_src/")) and not (env.ROOT / r["target"]).exists():
+            continue   # a file that has moved or gone since (basics/fma_peak.cu is cuda_src/harness/ now)
+        k = (r["family"], r["event"], r["target"] or "")
+        if k not in newest or r["timestamp"] >= newest[k]["timestamp"]:
+            newest[k] = r
+    out = sorted(newest.values(), key=lambda r: (r["family"], r["event"], r["target"] or ""))
+    cold = [r for r in rows if r["family"] == "(all)" and r["event"] == "cold_build_all"]
     if cold:
         out.append(max(cold, key=lambda r: (len(r["target"].split(",")), r["timestamp"])))
     return out

@@ -103,8 +103,8 @@ def test_build_times_go_to_their_device_and_an_old_table_is_migrated(tmp_path, m
 
 
 def test_build_time_table_puts_together_the_newest_run_of_each_family():
-    """The lent H100 runs a few families per call: README's table takes each family from the newest run that edited
-    it (not only the newest run's families), and the cold build from the run that built the most families."""
+    """The lent H100 runs a few families per call: README's table takes the newest measurement of each edit (not only
+    the newest run's families or targets), and the cold build from the run that built the most families."""
     from lab import buildtime
 
     def row(run, ts, fam, ev, s, target=""):
@@ -114,8 +114,11 @@ def test_build_time_table_puts_together_the_newest_run_of_each_family():
             row("a", "2026-01-01T00:00", "linear", "edit_unit", 4.0, "cuda_src/linear/v1.cu"),
             row("a", "2026-01-01T00:00", "gru", "edit_unit", 9.0, "cuda_src/gru/v3.cu"),
             row("b", "2026-01-02T00:00", "(all)", "cold_build_all", 20.0, "gru"),
-            row("b", "2026-01-02T00:00", "gru", "edit_unit", 5.0, "cuda_src/gru/v3.cu")]
+            row("a", "2026-01-01T00:00", "gru", "edit_binding", 20.0, "cpp_src/gru/gru.cpp"),
+            row("b", "2026-01-02T00:00", "(all)", "cold_build_all", 20.0, "gru"),
+            row("b", "2026-01-02T00:00", "gru", "edit_binding", 8.0, "cpp_src/gru/gru.cpp")]
     got = {(r["family"], r["event"]): r["seconds"] for r in buildtime.latest_run(rows, H100)}
-    assert got == {("linear", "edit_unit"): "4.0", ("gru", "edit_unit"): "5.0", ("(all)", "cold_build_all"): "38.0"}
+    assert got == {("linear", "edit_unit"): "4.0", ("gru", "edit_unit"): "9.0", ("gru", "edit_binding"): "8.0",
+                   ("(all)", "cold_build_all"): "38.0"}
     md = buildtime.readme_table(rows)
-    assert "| gru | 5.0 s (v3.cu)" in md and "| linear | 4.0 s (v1.cu)" in md and "every family 38.0 s" in md
+    assert "| gru | 9.0 s (v3.cu) | – | – | 8.0 s" in md and "| linear | 4.0 s (v1.cu)" in md and "every family 38.0 s" in md
