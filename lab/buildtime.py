@@ -349,8 +349,49 @@ def write_readme(path: Path | None = None) -> Path:
     if a not in text or b not in text:
         raise ValueError(f"{path} has no {a} ... {b} markers")
     i, j = text.index(a) + len(a), text.index(b)
-    path.write_text(text[:i] + "\n" + readme_table(rows) + "\n" + text[j:])
+    text = text[:i] + "\n" + readme_table(rows) + "\n" + text[j:]
+    a, b = "<!-- buildphases:begin -->", "<!-- buildphases:end -->"
+    if a in text and b in text:
+        i, j = text.index(a) + len(a), text.index(b)
+        text = text[:i] + "\n" + phases_table(results.read(numeric=set(), name=PHASES_NAME)) + "\n" + text[j:]
+    path.write_text(text)
     return path
+
+
+def phases_table(rows: list[dict]) -> str:
+    """Markdown: per family, the slowest CUDA build (one unit variant) and the binding, their compiles re-run alone
+    (`lab buildtime --phases`), split into the compiler's phases: what bounds an edit of each."""
+    out = []
+    for dev in sorted({r["device_name"] for r in rows}):
+        dr = [r for r in rows if r["device_name"] == dev and r.get("run_id")]
+        rid = max(dr, key=lambda r: r["timestamp"])["run_id"]
+        dr = [r for r in dr if r["run_id"] == rid]
+        first = dr[0]
+        out.append(f"**{dev}**, {first['cpus']} cores, commit {first['commit']}, each compile alone "
+                   f"(`python -m lab buildtime --phases`; all rows in `results/{env.slug(dev)}/{PHASES_NAME}`; g++'s "
+                   "`-ftime-report` timers make its run slower than a plain one, so compare the phases with each other):\n")
+        out.append("| family | slowest CUDA build | nvcc | host side (preprocess, cudafe++, g++) | device side "
+                   "(cicc, ptxas) | binding g++ | parse | instantiate templates | optimize + generate |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+
+        def sec(t, step, pred):
+            return sum(float(r["seconds"]) for r in dr if r["target"] == t and r["step"] == step and pred(r["phase"]))
+        for fam in sorted({r["family"] for r in dr}):
+            fr = [r for r in dr if r["family"] == fam]
+            cu = {r["target"] for r in fr if r["kind"] == "cuda"}
+            slow = max(cu, key=lambda t: sec(t, "cuda.cu", lambda p: p == "wall"), default=None)
+            b = next((r["target"] for r in fr if r["kind"] == "binding"), None)
+            cells = ["–"] * 4 if slow is None else [
+                slow.replace(f"cuda_src/{fam}/", ""), f"{sec(slow, 'cuda.cu', lambda p: p == 'wall'):.2f} s",
+                f"{sec(slow, 'cuda.cu', lambda p: p.startswith('host')):.2f} s",
+                f"{sec(slow, 'cuda.cu', lambda p: p.startswith('device')):.2f} s"]
+            cells += ["–"] * 4 if b is None else [
+                f"{sec(b, 'main.cpp', lambda p: p == 'wall'):.2f} s"] + [
+                f"{sec(b, 'main.cpp', lambda p, ph=ph: p == ph):.2f} s"
+                for ph in ("parse", "instantiate templates", "optimize + generate")]
+            out.append(f"| {fam} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out) or "(no phase rows yet: run `python -m lab buildtime --phases`)"
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def execute(path: Path, out_path: Path | None = None, timeout: int = 1800) -> Pa
     return out_path
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m lab.notebooks")
     p.add_argument("cmd", choices=["run", "check"],
                    help="run: execute and keep the outputs (in results/<device>/notebooks/, or in place with "
@@ -82,7 +82,11 @@ def main(argv=None) -> int:
     p.add_argument("--in-place", action="store_true",
                    help="write the executed notebooks over notebooks/*.ipynb (the committed ones hold the H100's "
                         "outputs: do this only on the machine whose outputs they should show)")
-    a = p.parse_args(argv)
+    return p.parse_intermixed_args(argv)   # `run --in-place 03_gru` as README writes it, or `--in-place run ...`
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
     paths = notebooks(a.names)
     failed = []
     keep = env.results_dir() / "notebooks"

@@ -32,3 +32,13 @@ def test_notebook_runs(nb, tmp_path, monkeypatch):
     errors = [o for c in ran.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors, errors[0].get("ename", "") + ": " + errors[0].get("evalue", "")
+
+
+def test_notebook_command_line_takes_in_place_after_run():
+    """README and .ci/gpu write `python -m lab.notebooks run --in-place NAME` (it once failed: 'unrecognized
+    arguments')."""
+    from lab import notebooks
+    for argv in (["run", "--in-place", "03_gru", "07_rope"], ["--in-place", "run", "03_gru", "07_rope"]):
+        a = notebooks.parse_args(argv)
+        assert (a.cmd, a.in_place, a.names) == ("run", True, ["03_gru", "07_rope"])
+    assert notebooks.parse_args(["check"]).names == []
