@@ -68,6 +68,7 @@ CPP_FLAGS = ["-O3"]
 # A binding is glue: named checks, a launcher lookup, pybind11. Optimizing it at -O3 is ~3 s of a binding edit spent
 # on pybind11's dispatcher (2-core machine, with the PCH: rope.cpp 8.7 s at -O3, 5.7 s at -O1, and 4.8 s of that is
 # lab_common.h alone). The kernels and the CPU versions are in units, built with CPP_FLAGS/CUDA_FLAGS.
+# $LAB_BINDING_OPT (e.g. -O3) overrides it: .ci/binding_opt.py times a host-bound step both ways.
 BINDING_FLAGS = ["-O1"]
 CUDA_FLAGS = ["-O3", "-lineinfo", "--use_fast_math"]
 # Bindings include lab_common.h (ATen + pybind11): most of their compile time. One precompiled header of it, per
@@ -343,7 +344,8 @@ def spec(family: str, flavor: str | None = None, only=None) -> Spec:
         t = Target(family, "module", family, srcs, headers(srcs), cflags, cuda_cflags, arch)
         return Spec(family, flavor, t, [], [cu] if flavor == "cpu" and cu.exists() else [], [])
     bsrc = env.CPP_SRC / family / f"{family}.cpp"
-    bflags = list(BINDING_FLAGS) + cflags[len(CPP_FLAGS):]   # the PCH is built with these flags too (same -O)
+    opt = os.environ.get("LAB_BINDING_OPT", "").split() or list(BINDING_FLAGS)
+    bflags = opt + cflags[len(CPP_FLAGS):]   # the PCH is built with these flags too (same -O)
     binding = Target(family, "binding", family, [bsrc], headers([bsrc]), bflags, [], arch if flavor == "cuda" else "")
     units: list[Target] = []
     filtered: list[str] = []
