@@ -107,3 +107,33 @@ def test_lean_check_runs_no_baseline_and_still_fails_a_wrong_version():
     assert lean.passed and lean.torch_rel_err is None and calls == [1]
     bad = verify.check_version(op, op.versions[1], {"n": 100}, torch.float32, "cpu", seeds=(0,), lean=True)
     assert not bad.passed and "over tolerance" in bad.problem
+
+
+def test_a_few_wrong_elements_fail_though_the_norm_passes():
+    """The norm-relative error alone lets a few sign-flipped elements through at bf16's tolerance; the worst-element
+    bound (against the reference's RMS) does not, while bf16's honest rounding of every element passes."""
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(200_000, generator=gen, dtype=torch.float64)
+    tol = verify.tolerance(torch.bfloat16)
+    rounded = ref.to(torch.bfloat16).to(torch.float64)
+    assert verify.compare(rounded, ref).fails(tol) == ""
+    flipped = rounded.clone()
+    idx = torch.nonzero(ref.abs() > 1.0)[:10, 0]          # 10 of 200000 elements (0.005%), each |x| > 1
+    flipped[idx] = -flipped[idx]
+    c = verify.compare(flipped, ref)
+    assert c.rel_err < tol                                  # the norm alone would pass it
+    assert "worst element" in c.fails(tol)
+    with pytest.raises(AssertionError, match="worst element"):
+        verify.assert_close(flipped, ref, torch.bfloat16)
+
+
+def test_check_version_fails_a_kernel_with_one_wrong_element():
+    def kernel(x, out=None):
+        out = torch.empty_like(x) if out is None else out
+        out.copy_(x * 2)
+        out.view(-1)[x.numel() // 2] *= -1                   # one element of 40009 with its sign flipped
+        return out
+    op = Op("t", "double", lambda s, dt, dev, g: (torch.randn(s["n"], generator=g, dtype=dt).to(dev) + 3,),
+            lambda x: x * 2, [Version("v1", kernel, "any")], [{"n": 40009}], [{"n": 40009}])
+    r = verify.check_version(op, op.versions[0], {"n": 40009}, torch.bfloat16, "cpu")
+    assert not r.passed and "worst element" in r.problem, r.line()
