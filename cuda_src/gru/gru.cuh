@@ -40,21 +40,22 @@
 //     outputs are rounded, the recurrence is not).
 //   - the input projection of the step, x_t W_ih^T (from the up-front GEMM), is prefetched with cp.async *before*
 //     the grid barrier: it does not depend on h, so its latency hides behind the wait.
-// What bounds a step (napkin math for H = 512, then what the H100 measured; strict fp32, best launch mode, T = 30):
-//   - B <= 8: latency. The grid barrier (~1.2 us measured on this H100), an L2 round trip for h_{t-1}, 32-FMA
-//     chains and the lane reduction, the gate math, and the barrier's fence waiting for h_t's stores: ~2-3 us a step.
-//     Measured v3: 89 us at B = 1 (2.8 us a step) against cuDNN's 235 us (2.6x; the 3x goal is missed by ~13%),
-//     93 us at B = 8 against 223 us (2.4x). Below this needs a cheaper barrier than a grid-wide one (e.g. a thread
-//     block cluster exchanging h through distributed shared memory), not faster arithmetic.
-//   - B = 128: the FP32 FMA pipe. 2*B*3H*H = 201 MFLOP a step over 128 SMs at 128 FMA/clk/SM is ~3.5 us; the L2
-//     reads of h (each block its Bb = 32 rows, 64 KB) take ~1.5 us; plus the barrier. Measured v3: 413 us against
-//     cuDNN's 639 us (1.55x). Taking the input-projection GEMM at ~60 us (3 GFLOP of strict fp32 at cuBLAS's rate;
-//     an estimate, not timed apart) leaves ~11.7 us a step, 3x the FMA time, and the step time grows linearly with
-//     the batch (~0.07 us a row): one block of 8 warps per SM (96 weight registers a thread leave room for no more)
+// What bounds a step (napkin math for H = 512, then what the H100 measured; strict fp32, best launch mode, T = 30;
+// the timings against cuDNN and the goals' margins: results/<device>/results.csv and notebook 03):
+//   - B <= 8: latency. The grid barrier (measured on this H100 to be a large share of a step), an L2 round trip for
+//     h_{t-1}, 32-FMA chains and the lane reduction, the gate math, and the barrier's fence waiting for h_t's stores:
+//     a few microseconds a step. The goal is 3x cuDNN at B = 1: v3 beats cuDNN at B = 1 and B = 8 but misses that
+//     goal. Below this needs a cheaper barrier than a grid-wide one (e.g. a thread block cluster exchanging h through
+//     distributed shared memory), not faster arithmetic.
+//   - B = 128: the FP32 FMA pipe. 2*B*3H*H = 201 MFLOP a step over 128 SMs at 128 FMA/clk/SM and the datasheet's
+//     1.98 GHz boost (64.9 TFLOP/s) is ~3.1 us; the L2 reads of h (each block its Bb = 32 rows, 64 KB) take ~1.5 us
+//     (an estimate); plus the barrier. v3 beats cuDNN here, but with the input-projection GEMM (3 GFLOP of strict
+//     fp32, not timed apart) set aside, a step still takes several times the FMA time, and the step time grows
+//     linearly with the batch: one block of 8 warps per SM (96 weight registers a thread leave room for no more)
 //     cannot hide the shared-load, FMA-chain and 4-level-butterfly latencies (SASS: ~275 instructions per pair of
-//     rows, ~550 cycles of issue for the 2 warps of a scheduler, against ~970 cycles implied by the step time).
-//     v4 attacks exactly that. B = 256 (Bb = 64): v3 743 us against 858 us (1.16x, the 1.3x
-//     goal missed); B = 64: 238 us against 474 us (2.0x).
+//     rows, ~550 cycles of issue for the 2 warps of a scheduler, well under the cycles the measured step time
+//     implies). v4 attacks exactly that. B = 256 (Bb = 64): v3 is still ahead of cuDNN but misses the 1.3x goal;
+//     B = 64: further ahead than at B = 128.
 //   - fp16/bf16 use the same FP32 FMA path (weights converted once into fp32 registers, h read as 16-bit and
 //     widened): half the L2 bytes, the same FMA time; cuDNN's bf16 path uses tensor cores, so the gain over it is
 //     smaller at large batch (notebooks/03_gru.ipynb has the measured numbers).

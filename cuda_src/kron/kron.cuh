@@ -27,39 +27,26 @@
 //       (K ≥ 3) at c = 4. Above it, and for K = 1, v4 runs v3. Backward: v3's kernels on the states v4 saved.
 //
 // Napkin math (H100, fp32, factors 128×128, N = 16384): FLOP = 2·B·N·Σf_k = 8.4 MFLOP per sample; bytes = 2·N·4 =
-// 128 KB per sample (read x, write y): 64 FLOP/byte, compute-bound. B = 32: 268 MFLOP — 4.1 us at the 64.8 TFLOP/s
-// FP32 FMA rate the lab measured on the H100 — and 4 MB of HBM traffic (~1.4 us at 3 TB/s). B = 1024: 8.6 GFLOP,
-// 133 us at that rate (the issue's 5 us / 168 us assumed ~51 TFLOP/s).
+// 128 KB per sample (read x, write y): 64 FLOP/byte, compute-bound. B = 32: 268 MFLOP — 4.0 us at the datasheet's
+// 66.9 TFLOP/s FP32 rate — and 4 MB of HBM traffic (~1.3 us at 3.35 TB/s). B = 1024: 8.6 GFLOP, 128 us at that rate.
+// (The notebook divides by the FMA rate the lab's probe measures instead.)
 // Small batches are latency- and balance-bound: 32 samples are only 32 blocks, so v4 splits each sample into
 // f_K/c column slices, and every slice re-reads its sample's x (64 KB) and W_1 (64 KB) from L2. The launcher picks
 // the configuration and c with a small cost model (plan_fused); kron.tune() times the alternatives. At batch 32 it
 // picks cfg 1 (256 threads, 4×4 tiles), c = 32: 4 slices per sample, 128 blocks, 50.7 KB shared each, 2 per SM.
 //
-// Measured (H100 80GB HBM3, 132 SMs, torch 2.11; fp32, factors 128×128; CUDA events, L2 flushed before each run;
-// the lab's FP32 FMA probe gives 64.8 TFLOP/s, so the FLOP floor is 4.1 us at batch 32 and 133 us at batch 1024):
-//   forward (us)        batch   1     32    128   1024   4096
-//     v1 (PyTorch)             95    115    109    369   1406
-//     v2 (PyTorch)            127     73     77    243    916   (replayed as a CUDA graph: 17, 20, 39, 242, 915)
-//     v3                       24     25     56    238    899
-//     v4                       21     20     49    268   1028
-//     full (N×N matrix)      1148   1264   2101  11290  43200
-//   forward + backward (us, eager / CUDA graph): batch 32: v2 546 / 73, v3 338 / 79, v4 447 / 83;
-//                                                batch 1024: v2 953 / 945, v3 828 / 820, v4 946 / 938.
-// Against the issue's goals: forward at batch 32 is 20 us (goal 10); forward + backward is 1.2-1.6× faster than v2
-// eager at batch 32 and 1.15× at 1024 (goal 5×); forward at batch 1024 reaches 36 TFLOP/s = 56% of the FMA rate with
-// v3 and 50% with v4 (goal 70%). What bounds them, read from these numbers and the SASS (not yet profiled with Nsight
-// Compute):
-//  - small batches are latency-bound, not FLOP-bound: batch 1 takes as long as batch 32 (~20 us for 0.3 GFLOP), and
-//    cuBLAS, replayed from a graph without launch overhead, lands at the same 17-20 us. A block walks f/16 = 8 k-chunks
-//    per factor through a 2-stage pipeline, so most chunks wait on their own load (x comes from HBM after the flush):
-//    ~16 dependent round trips per block. Next: stage a slice's whole x tile at once (many loads in flight), KC = 32.
-//  - large batches: 8×8 register tiles reach 50-56% of the FMA rate, level with cuBLAS's FP32 GEMM (v2, 243 us). The
-//    fused kernel is slower than v3 there: its 8×8 variant sits at the 128-register cap that 2 blocks per SM need
-//    (a few spills, 4 of them inside the FMA loop) and each block runs its two GEMMs back to back behind barriers.
-//    The rest needs what a tuned SGEMM does (deeper pipeline, warp-specialised loads), or TF32 tensor cores (another
-//    precision).
-//  - forward + backward eager is CPU-bound (v2: 546 us eager, 73 us as a graph); as a graph, the backward's 5 launches
-//    (dW and R-step per factor, then the reduce) cost about what cuBLAS's do.
+// What bounds them (timings and the goals' margins: results/<device>/results.csv and notebook 05; read from those
+// and the SASS, not yet profiled with Nsight Compute):
+//  - small batches are latency-bound, not FLOP-bound: batch 1 takes about as long as batch 32, and cuBLAS, replayed
+//    from a graph without launch overhead, lands in the same place. A block walks f/16 = 8 k-chunks per factor
+//    through a 2-stage pipeline, so most chunks wait on their own load (x comes from HBM after the flush): ~16
+//    dependent round trips per block. Next: stage a slice's whole x tile at once (many loads in flight), KC = 32.
+//  - large batches: 8×8 register tiles run level with cuBLAS's FP32 GEMM (v2). The fused kernel is slower than v3
+//    there: its 8×8 variant sits at the 128-register cap that 2 blocks per SM need (a few spills, 4 of them inside
+//    the FMA loop) and each block runs its two GEMMs back to back behind barriers. The rest needs what a tuned SGEMM
+//    does (deeper pipeline, warp-specialised loads), or TF32 tensor cores (another precision).
+//  - forward + backward eager is CPU-bound (autograd and per-op launches); as a graph, the backward's 5 launches (dW
+//    and R-step per factor, then the reduce) cost about what cuBLAS's do.
 //
 // Units (this header holds what they share; each is its own build, so an edit of one rebuilds one):
 //   v3.cu        the F-step kernel and the per-factor forward (version 3; version 4 where the fused kernel does not

@@ -42,35 +42,21 @@
 // All tiled versions visit tiles in groups of 8 block-rows (consecutive blocks share W tiles in L2) on a 1-D grid.
 // K == 0: y = b (or 0), written by a fill kernel.
 //
-// Napkin math (H100 SXM; datasheet rates are leads, the lab measures its own ceilings):
-//   4096^3: 2·4096^3 = 137 GFLOP; bytes 3·64 MiB = 201 MB -> 0.07 ms at 2968 GB/s, so compute-bound by ~40x.
-//   FP32 SIMT peak 132 SMs · 128 FMA/clk · 2 · 1.98 GHz = 66.9 TFLOP/s; cuBLAS fp32 51.1 as measured in issue 4 (76%).
+// Napkin math (H100 SXM datasheet; the lab measures its own ceilings and prints them beside every timing):
+//   4096^3: 2·4096^3 = 137 GFLOP; bytes 3·64 MiB = 201 MB -> 0.06 ms at 3.35 TB/s, so compute-bound by ~30x.
+//   FP32 SIMT peak 132 SMs · 128 FMA/clk · 2 · 1.98 GHz = 66.9 TFLOP/s.
 //   v7/v8's inner step per thread: 4 LDS.128 + 64 FFMA, so at best 94% of issue slots are FMAs; v8's main loop
 //   (SASS) issues 512 FFMA, 32 LDS.128, 8 LDGSTS and ~45 other instructions per tile: ~87% FMAs. v9: 6 LDS.128
 //   per 128 FFMA (96%), 1024 FFMA per 16 LDGSTS per tile.
-//   Tensor cores (dense, datasheet): TF32 495, bf16 989 TFLOP/s; cuBLAS 363 and 754 (issue 4).
-//   fc_out at batch 1: W is 5893·1280·4 B = 30.2 MB -> 10.2 us at 2968 GB/s; 85% of copy is 12.0 us.
+//   Tensor cores (dense, datasheet): TF32 495, bf16 989 TFLOP/s.
+//   fc_out at batch 1: W is 5893·1280·4 B = 30.2 MB -> 9 us at 3.35 TB/s.
 //
-// Measured (H100 80GB HBM3, torch 2.11 + CUDA 13.0, 2026-11-22, medians with the L2 flushed; before v9 was added and
-// v14 was reworked, with today's v10..v13 then numbered v9..v12):
-//   4096^3 fp32 (TFLOP/s): cuBLAS 50.9 | v1 0.50, v2 1.65, v3 7.2, v4 12.7, v5 28.1, v6 34.0, v7 39.0, v8 41.1 (81%).
-//   4096^3 TF32: cuBLAS 338 | v10 mma.sync 116 (34%), v12 wgmma 326 (96%).
-//   4096^3 bf16: cuBLAS 776 | v11 mma.sync 277 (36%), v13 wgmma 624 (80%).
-//   fc_out batch 1: cuBLAS 21.6 us (1402 GB/s), first GEMV 18.9 us (1602 GB/s = 53% of the 3000 GB/s copy).
-//   fc_out batch 128: cuBLAS fp32 80.9 us, v8 161, v10 70.3, v12 34.4 us (cuBLAS TF32 40.4).
-// Goals: wgmma TF32 96% and bf16 80% of cuBLAS (goal 70%): met. Best SIMT 81% of cuBLAS (goal 90%): missed by 9
-// points. Nsight Compute at 4096^3 (commit f66f57c, results/profiles/linear_sgemm_4096_ncu_*.csv; SM clock 1.98 GHz
-// under load, so the FP32 peak is 66.8 TFLOP/s and cuBLAS's 2.71 ms is 76% of it) says why. Instructions issued
-// (G) / of them FFMA: v8 2.62 / 83%, v9 2.47 / 87%, cuBLAS (sm80_xmma_gemm ... 128x128x8 stage3 ffma) 2.45 / 88%:
-// v9 issues what cuBLAS issues. The gap is issue rate: warps issued per scheduler per cycle v8 0.77, v9 0.72, cuBLAS
-// 0.90, at the same 2 warps per scheduler for v9 and cuBLAS (1.23 vs 1.50 eligible). Stall cycles per issued
-// instruction, v9 | cuBLAS: long scoreboard (waiting on cp.async data) 0.15 | 0.01, dispatch 0.22 | 0.10, wait
-// (fixed-latency dependences) 0.13 | 0.01, short scoreboard (shared loads) 0.36 | 0.32, barrier 0.11 | 0.08. v8
-// (4 warps per scheduler) loses most at its barrier (0.53) and in dispatch (0.54). So v9 does not lose to cuBLAS on
-// instruction count but on stalls: memory dependences (long scoreboard: global loads and cp.async data), dispatch
-// and fixed-latency waits. Which instructions stall (ncu's source-level sampling) is not examined yet.
-// Today's run (notebook 02 on the H100): v8 40.7 TFLOP/s = 80% of cuBLAS fp32, v12 91% of cuBLAS TF32, v13 82% of
-// cuBLAS bf16, v14 at fc_out batch 1 1620 GB/s = 54% of copy; the GEMV's shortfall is measured at v14 below.
+// What bounds the best SIMT rung (Nsight Compute at 4096^3, .ci/sgemm_stalls.py; the measured tables are in
+// results/<device>/profiles/linear_sgemm_4096_ncu_*.csv and notebook 02): v9 issues about as many instructions as
+// cuBLAS's FFMA kernel, with a similar FFMA share, but at a lower issue rate per scheduler: it stalls more on memory
+// dependences (long scoreboard: cp.async data), dispatch and fixed-latency waits. v8, with 4 warps per scheduler,
+// loses most at its barrier and in dispatch. Which instructions stall (ncu's source-level sampling) is not examined.
+// Timings of every rung against cuBLAS, and the goals' margins: results/<device>/results.csv and notebook 02.
 //
 // Units (each its own build, so an edit rebuilds one; see lab/build.py): this header holds what they all share (fp32
 // helpers, cp.async wrappers); simt.cuh the SIMT tile pieces of v4..v9; tc.cuh what the tensor-core units share (bf16,

@@ -11,18 +11,17 @@ namespace linear {
 // K <= 1536 in one batch). W is read with ld.global.nc.L1::no_allocate (read once); x (M <= MR rows) is staged in
 // shared memory once per block. The grid is what fits on the GPU at once (one wave); warp w of block g takes rows
 // w·G + g, w·G + g + 8G, ..., so the rows in flight are spread evenly over the SMs. Memory-bound: bytes = N·K·4.
-// (The first version, one row per warp for all 5893 rows, 8 + 2 loads per lane, x through L1, took 18.9 us at
-// fc_out batch 1 on the H100 = 53% of copy: 5 blocks per SM fit, so 737 blocks ran as a wave and a 12% tail, and
-// every row cost two memory round trips.) The rework measured 18.5-18.7 us (54% of copy): no better. Why the goal
-// (85% of the large-copy rate, 12.0 us) is out of reach at this size, measured by .ci/l2_flush_probe.py on the H100
-// (results/l2_flush_probe.txt; medians, us, after the lab's write flush | after a read flush):
-//   30.2 MB (fc_out's W, below the 50 MB L2): v14 18.6 | 16.0, cuBLAS 20.7 | 16.1, w.sum() 23.1 | 18.7,
-//                                             copying W 28.1 | 22.0 (2745 GB/s counting both directions)
-//   121 MB (4x the rows, above the L2):       v14 51.9 | 45.9 (2628 GB/s = 88% of copy), cuBLAS 57.6 | 47.9
-// Two things cost: the write flush leaves the L2 dirty and the kernel's misses pay the write-back (2.6 us here), and
-// a 30 MB read is too short to reach the streaming rate: the read rate rises with size (w.sum() 1612 GB/s at 30 MB,
-// 2498 at 121 MB), and v14 is already faster than torch's read-only reduction of W and equal to cuBLAS. At 121 MB
-// the same kernel reaches 88% of copy after a read flush.
+// (The first version, one row per warp for all 5893 rows, 8 + 2 loads per lane, x through L1, was far from the goal
+// at fc_out batch 1 on the H100: 5 blocks per SM fit, so 737 blocks ran as a wave and a 12% tail, and every row cost
+// two memory round trips.) The rework measured no better. Why the goal (85% of the large-copy rate; W's 30.2 MB alone
+// are 9.0 us at the datasheet's 3.35 TB/s) is out of reach at this size was measured by .ci/l2_flush_probe.py on the
+// H100: v14, cuBLAS, w.sum() and a copy of W, each after the lab's write flush and after a read flush, at 30.2 MB
+// (fc_out's W, below the 50 MB L2) and 121 MB (4x the rows, above the L2); the numbers: notebook 02 and
+// results/<device>/l2_flush_probe.txt. Two things cost: the write flush leaves the L2 dirty and the kernel's misses
+// pay the write-back (it costs time at this size), and a 30 MB read is too short to reach the streaming rate: the
+// read rate rises with size (w.sum() reads W much more slowly at 30 MB than at 121 MB), and v14 is already faster
+// than torch's read-only reduction of W and level with or ahead of cuBLAS. At 121 MB the same kernel reaches the
+// goal's fraction of copy after a read flush.
 // ---------------------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float4 ldg_stream(const float4* p) {
   float4 v;

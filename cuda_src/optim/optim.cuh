@@ -20,8 +20,8 @@
 //   v4: flat: the tensors laid end to end as one index space of 4-element quads; each block takes Q·512 consecutive
 //       quads, whatever tensors they belong to, and each thread finds its tensor by walking forward. No block idles
 //       on a 64-element tensor, and the hardware still balances blocks over SMs. (A persistent variant — one wave,
-//       equal static slices — measured 72% of copy bandwidth against v3's 93% on GPT-2 small: an H100's SMs do not
-//       drain HBM equally fast, and static slices leave the whole step waiting on the slowest SM.)
+//       equal static slices — was clearly slower than v3 on GPT-2 small: an H100's SMs do not drain HBM equally
+//       fast, and static slices leave the whole step waiting on the slowest SM.)
 //
 // The step count lives on the device and is read by the kernel, so a step can be captured in a CUDA graph and
 // replayed. Who increments it? Every block reads s before updating; the last block to finish (an atomic ticket) adds
@@ -30,19 +30,22 @@
 // replays; β1, β2, eps, weight decay are captured constants.
 //
 // Napkin math: fp32 AdamW reads p, g, m, v and writes p, m, v: 28 B/param (bf16 params 22; amsgrad +8).
-// GPT-2 small, 124,439,808 params in 148 tensors: 3.48 GB per step = 1.17 ms at the H100's ~2990 GB/s copy rate.
-// ~15 flops/param against 28 bytes: memory-bound by far. With 2000 small tensors the work (93 MB) is ~31 us, and
-// the cost is launches and the host: torch's foreach AdamW issues ~10 kernels per 36-tensor slice.
+// GPT-2 small, 124,439,808 params in 148 tensors: 3.48 GB per step = 1.04 ms at the datasheet's 3.35 TB/s (the
+// lab's measured copy ceiling, lower, is printed beside every timing). ~15 flops/param against 28 bytes:
+// memory-bound by far. With 2000 small tensors (3,312,540 params) the work (93 MB) is ~28 us at 3.35 TB/s, and the
+// cost is launches and the host: torch's foreach AdamW issues ~10 kernels per 36-tensor slice.
 //
-// Measured (H100 80GB HBM3, torch 2.11; median step, L2 flushed; GB/s = 28·params / time; torch.compile from an
-// earlier run of the same session, the rest from one run):
-//   GPT-2 small      torch for-loop 14.5 ms, foreach 3.82, fused 1.344 (87% of copy); torch.compile 1.266 (35 s to
-//                    compile); v1 1.308 ms (89%, 6 launches), v2 1.258 (93%), v3 1.256 (93%), v4 1.229 (95%)
-//   2000 tensors     torch foreach 21.1 ms, fused 10.4 (both host-bound); v4 0.334 ms (host-bound: 358 us of host
-//                    per step); from a CUDA graph v3 81 us, v4 84 us, torch fused+capturable 514 us
-// What is left on GPT-2 is the copy ceiling itself (v4 runs at 95% of a plain 1:1 copy). On 2000 tensors a replayed
-// step is 2.7x the 31 us bandwidth floor; not yet broken down. Suspects: the graph re-writes the 128 KB pointer table
-// (5 small launches) on every replay, and tensors of a few hundred quads leave a block's loads short of a full wave.
+// Timings (GPT-2 small and 2000 tensors; torch's for-loop, foreach, fused and compiled AdamW, v1-v4, eager and
+// replayed from a CUDA graph) and each one's fraction of the copy ceiling: results/<device>/results.csv and
+// notebook 06. What they show:
+//   GPT-2 small      every version beats torch's fused AdamW, v1 (6 launches) by the least, and v4 is the fastest,
+//                    close to a plain 1:1 copy; torch.compile of the foreach step (a long compile) beats eager
+//                    foreach, and where it lands against fused differs between runs (notebook 06 prints it).
+//   2000 tensors     torch's foreach and fused steps are host-bound, and so is v4 run eagerly; replayed from a CUDA
+//                    graph, v3 and v4 are several times faster than torch's fused AdamW with capturable=True.
+// What is left on GPT-2 is the copy ceiling itself. On 2000 tensors a replayed step is still well above the
+// bandwidth floor; not yet broken down. Suspects: the graph re-writes the 128 KB pointer table (5 small launches) on
+// every replay, and tensors of a few hundred quads leave a block's loads short of a full wave.
 //
 // Units (each its own build; this header holds what they share: the per-element update, the quad loads, the
 // last-block ticket, the table layout):

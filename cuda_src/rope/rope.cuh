@@ -22,27 +22,26 @@
 //   v3: q and k in one launch: one grid covers the rows of both (one launch and one tail instead of two).
 //
 // Napkin math (H100, bf16 (8, 32, 2048, 128), one tensor): 2^26 elements, 134 MB read + 134 MB written; the tables
-// are 2048 x 64 x 4 B x 2 = 1 MB and stay in L2. At the measured copy bandwidth (~3.0 TB/s, read + write, 1 GiB)
-// that is 90 us: the floor. Arithmetic: 3 FLOP per element, 0.2 GFLOP, ~3 us of FP32 rate: irrelevant. So the game
-// is bytes in flight per SM and memory instructions per byte:
+// are 2048 x 64 x 4 B x 2 = 1 MB and stay in L2. At the datasheet's 3.35 TB/s that is 80 us: the floor (the lab's
+// measured copy ceiling, lower, is printed beside every timing). Arithmetic: 3 FLOP per element, 0.2 GFLOP, ~3 us at
+// the datasheet's 66.9 TFLOP/s FP32: irrelevant. So the game is bytes in flight per SM and memory instructions per
+// byte:
 //   v1 issues 6 memory instructions per 4 bytes of tensor read (2-byte loads, 4-byte table loads, 2-byte stores);
 //   v2 issues 4 per 32 bytes (two 16-byte loads, two 16-byte stores), plus the table once per kRows heads.
 //
-// Measured (H100 80GB HBM3, torch 2.11, CUDA events, L2 flushed before every run; the helper's runs of 2026-11-22):
-//   copy_ of the same 134 MB           93.8 us  2861 GB/s   <- what a plain copy of these bytes reaches
-//   v1                                197.4 us  1360 GB/s   45% of the copy ceiling (2-byte accesses)
-//   v2 (2 heads per thread)            95.4 us  2815 GB/s   94% of the ceiling, 98% of copy_'s speed
-//   v2 backward                        95.4 us              the same kernel with -sin
-//   q and k, v2 (two launches)        188.6 us
-//   q and k, v3 (one launch)          184.9 us  2903 GB/s   1.94x one tensor
-//   eager rotate_half                 1392 us              ~6 full passes, several in fp32
-//   torch.compile                      96.4 us (forward, an earlier run), 182.5 us (q and k), 264 us (backward)
-// Heads per thread 1, 2, 4, 8: 95.5, 95.4, 96.4, 98.0 us. Sharing the cos/sin row across heads buys nothing here
-// (L1 and L2 presumably serve the repeated table reads already), and 4 or 8 heads cost registers (78, 128) and so
-// occupancy. The 1.7% left to copy_'s time would be the table reads and the index arithmetic (not measured apart).
-// For q and k, Inductor's fused kernel is 1.6% faster than v3 at seq 2048 (182.5 vs 185.4 us, same run) and 0.8%
-// slower at seq 4096; bf16 tables were slower than fp32 ones (101.5 vs 95.5 us). Neither was investigated further
-// (no device time left).
+// Timings (every version, forward and backward, one tensor and q and k, against copy_ of the same bytes, eager
+// rotate_half and torch.compile) and each one's fraction of the copy ceiling: notebook 07. What they show:
+//   v1 reaches less than half of the copy ceiling (2-byte accesses).
+//   v2 (2 heads per thread) reaches nearly the copy ceiling, close to copy_ of the same bytes; v2 backward (the same
+//   kernel with -sin) takes the same time.
+//   q and k: v3 (one launch) is a little faster than v2's two launches, and takes nearly twice one tensor's time.
+//   eager rotate_half is many times slower (~6 full passes, several in fp32); torch.compile runs level with v2
+//   forward and with v3 on q and k, and its backward is slower than v2's.
+// Heads per thread 1 and 2 take the same time, 4 and 8 are slower. Sharing the cos/sin row across heads buys nothing
+// here (L1 and L2 presumably serve the repeated table reads already), and 4 or 8 heads cost registers (78, 128) and
+// so occupancy. What is left to copy_'s time would be the table reads and the index arithmetic (not measured apart).
+// For q and k, Inductor's fused kernel is slightly faster than v3 at seq 2048 and slightly slower at seq 4096; bf16
+// tables were slower than fp32 ones. Neither was investigated further (no device time left).
 //
 // Units (each its own nvcc build; lab/build.py):
 //   rope.cuh  element types, Problem, the v1 kernel and its launcher (v2 and v3 fall back to v1's path), and the

@@ -64,7 +64,7 @@ __device__ __forceinline__ void rotate(uint4& ua, uint4& ub, const A* c, const A
 // in order: lanes fastest, then for "bshd" the chunks of one position (its heads are adjacent rows), for "bhsd" the
 // positions of one chunk (a head's positions are adjacent rows). A warp's load instruction then covers whole
 // 128-byte half rows of 32/lanes adjacent rows. (Walking bhsd position-major instead — 32 heads, 512 KB apart, in
-// one block — took 99.1 us against 96.4 us in memory order, 4 heads per thread, bf16 (8, 32, 2048, 128), H100.)
+// one block — was slower than memory order at 4 heads per thread, bf16 (8, 32, 2048, 128), on the H100; notebook 07.)
 // 32-bit index math (the launcher checks the thread count fits); chunks never straddle the two tensors.
 template <class T, class TC, bool kInterleaved, int kRows>
 __global__ void __launch_bounds__(kBlock) rope_v2(const Problem<T, TC> p) {
@@ -138,7 +138,7 @@ inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr
 
 // Heads per thread: 2 (the table is read once per 2 rows, 64 B of loads in flight per thread) unless that leaves
 // too few threads to fill the GPU (decoding: batch * heads rows of one position), then 1. More heads per thread buy
-// nothing (measured: see the header) and 4 or 8 cost registers and occupancy.
+// nothing (measured: notebook 07; the finding: rope.cuh) and 4 or 8 cost registers and occupancy.
 inline int auto_rows(int64_t rows, int64_t lanes) {
   const int64_t fill = int64_t(lab::sm_count()) * 1024;  // half the resident threads of every SM
   return rows / 2 * lanes >= fill ? 2 : 1;
