@@ -89,8 +89,34 @@ def profile(fn: Callable[[], object], name: str, device: str = "cuda", wait: int
     return table, (trace if save else None)
 
 
-def op_times(fn: Callable[[], object], device: str = "cuda", reps: int = 5) -> dict[str, float]:
-    """Self device time per operator/kernel name, in microseconds per call (for 'time per operator' plots)."""
+def attribute_device_time(events, reps: int = 1) -> dict[str, float]:
+    """Device time per operator, each kernel counted once, in us per call.
+
+    torch.profiler lists a kernel twice: as a device event under its own name, and in the self device time of the
+    operator that launched it (the innermost ATen op or record_function scope, linked by correlation id), so summing
+    key_averages() double-counts. Here each device event (kernel, memcpy, memset) is counted once: under its operator
+    where the profiler linked it to one, else under its own name (a launch from a binding outside any operator)."""
+    from torch.autograd import DeviceType
+    device_total: dict[str, float] = {}
+    for e in events:
+        if getattr(e, "device_type", DeviceType.CPU) != DeviceType.CPU:
+            device_total[e.name] = device_total.get(e.name, 0.0) + e.time_range.elapsed_us()
+    out: dict[str, float] = {}
+    linked: dict[str, float] = {}
+    for e in events:
+        if getattr(e, "device_type", DeviceType.CPU) != DeviceType.CPU or getattr(e, "is_async", False):
+            continue
+        for k in getattr(e, "kernels", []):
+            out[e.name] = out.get(e.name, 0.0) + k.duration
+            linked[k.name] = linked.get(k.name, 0.0) + k.duration
+    for name, t in device_total.items():
+        rest = t - linked.get(name, 0.0)
+        if rest > 1e-9:
+            out[name] = out.get(name, 0.0) + rest
+    return dict(sorted(((k, v / reps) for k, v in out.items() if v > 0), key=lambda kv: -kv[1]))
+
+
+def _profiled_events(fn: Callable[[], object], device: str, reps: int):
     fn()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with torch.profiler.profile(activities=acts) as prof:
@@ -98,11 +124,27 @@ def op_times(fn: Callable[[], object], device: str = "cuda", reps: int = 5) -> d
             fn()
         if device == "cuda":
             torch.cuda.synchronize()
+    return prof
+
+
+def op_times(fn: Callable[[], object], device: str = "cuda", reps: int = 5) -> dict[str, float]:
+    """Time per operator, in us per call: on the GPU the device time of the kernels each operator launched (each
+    kernel counted once: attribute_device_time); on the CPU the operators' self CPU time."""
+    prof = _profiled_events(fn, device, reps)
+    if device == "cuda":
+        return attribute_device_time(prof.events(), reps)
     out = {}
     for e in prof.key_averages():
-        t = getattr(e, "self_device_time_total", None) if device == "cuda" else e.self_cpu_time_total
-        if device == "cuda" and t is None:
-            t = e.self_cuda_time_total
-        if t and t > 0:
-            out[e.key] = t / reps
+        if e.self_cpu_time_total > 0:
+            out[e.key] = e.self_cpu_time_total / reps
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def kernel_times(fn: Callable[[], object], reps: int = 5) -> dict[str, float]:
+    """Device time per kernel name (kernels, memcpy, memset: the GPU's own events, each once), us per call."""
+    from torch.autograd import DeviceType
+    out: dict[str, float] = {}
+    for e in _profiled_events(fn, "cuda", reps).events():
+        if e.device_type != DeviceType.CPU:
+            out[e.name] = out.get(e.name, 0.0) + e.time_range.elapsed_us() / reps
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))

@@ -137,3 +137,4 @@ def test_check_version_fails_a_kernel_with_one_wrong_element():
             lambda x: x * 2, [Version("v1", kernel, "any")], [{"n": 40009}], [{"n": 40009}])
     r = verify.check_version(op, op.versions[0], {"n": 40009}, torch.bfloat16, "cpu")
     assert not r.passed and "worst element" in r.problem, r.line()
+
