@@ -837,7 +837,9 @@ def _build_pch(d: Path, flags: list[str], hdr: Path) -> None:
                            text=True)
         if r.returncode != 0:
             tmp.unlink(missing_ok=True)
-            (d / "rejected.log").write_text("building the PCH failed:\n" + r.stderr)
+            if r.returncode < 0:   # killed (a signal, e.g. the OOM killer): not a verdict on the flags, try again later
+                return
+            (d / "rejected.log").write_text(f"building the PCH failed (g++ exit status {r.returncode}):\n" + r.stderr)
             return
         os.replace(tmp, gch)
         _unit_build_seconds[f"{PCH_HEADER}.gch"] = time.perf_counter() - t0
