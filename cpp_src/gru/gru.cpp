@@ -441,23 +441,28 @@ void decoder_prep(const std::optional<at::Tensor>& logits, const std::optional<a
 }
 
 // ---- the v3 plan, for the notebook ------------------------------------------------------------------------------
-// [status, kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident]; dtype_code: 0 float32, 1 float16, 2 bfloat16
-std::vector<int64_t> v3_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t version) {
+// A dict: the plan's status and its split, named here (v3.cu's gru_v3_plan fills info[] in the order of kInfoNames).
+// dtype_code: 0 float32, 1 float16, 2 bfloat16.
+py::dict v3_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t version) {
   LAB_CHECK_VALUE(dtype_code_ >= 0 && dtype_code_ <= 2, "dtype_code must be 0 (float32), 1 (float16) or 2 "
                     "(bfloat16), got ", dtype_code_);
   LAB_CHECK_VALUE(version == 3 || version == 4, "version must be 3 or 4, got ", version);
   LAB_CHECK_VALUE(batch >= 1 && hidden >= 1, "batch and hidden must be >= 1, got ", batch, ", ", hidden);
+  py::dict d;
 #ifdef LAB_WITH_CUDA
+  // v3.cu's order: kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident
+  static const char* kInfoNames[10] = {"kpt", "lanes_per_unit", "units_per_block", "hidden_slices", "batch_slices",
+                                       "rows_per_block", "rows_per_chunk", "smem_bytes", "blocks", "max_coresident"};
   int info[10];
   const int status = v3_plan_call(version, int(dtype_code_), lab::check_int32(batch, "batch"),
                                   lab::check_int32(hidden, "hidden"), info);
-  std::vector<int64_t> out{status};
-  for (int i = 0; i < 10; ++i) out.push_back(info[i]);
-  return out;
+  d["status"] = status;  // 0 fits; 1 hidden too large; 2 batch slice too big for shared memory; 3 not co-resident;
+                         // 4 no cooperative launch; 5 a CUDA error while asking
+  for (int i = 0; i < 10; ++i) d[kInfoNames[i]] = info[i];
 #else
   LAB_NO_CUDA_BUILD("v3_plan");
-  return {};
 #endif
+  return d;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -469,7 +474,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decoder_prep", lab::bind(decoder_prep),
         "decoder_prep(logits|None, tokens|None, tokens_out|None, emb, gi_table, gi_ctx, xh, gi)");
   m.def("v3_plan", lab::bind(v3_plan),
-        "v3_plan(batch, hidden, dtype_code, version) -> [status, kpt, s, hb, ph, pb, bb, bc, smem, blocks, "
-        "max_coresident]");
+        "v3_plan(batch, hidden, dtype_code, version) -> {status, kpt, lanes_per_unit, units_per_block, hidden_slices, "
+        "batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, max_coresident}");
   LAB_BIND_UNITS(m);
 }

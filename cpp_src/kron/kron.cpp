@@ -11,6 +11,7 @@
 //   forward   F-step  y[b] (P, f) = x[b]ᵀ (f, P)ᵀ · W          — for W_K, …, W_1 in turn
 //   backward  dW_k = Σ_b F_k[b] · dF_{k-1}[b];  dF_k[b] = W_k · dF_{k-1}[b]ᵀ;  dx = dF_K
 #include "lab_common.h"
+#include "kron/plan_info.h"
 
 #include <torch/csrc/autograd/python_variable.h>  // THPVariable_Check / THPVariable_Unpack
 
@@ -280,7 +281,7 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
 
 // What v4 would launch for a batch and factor sizes (x: any CUDA tensor of the dtype, for dtype and device):
 // (fits, cfg, c, slices per sample, shared bytes per block, blocks per SM, threads, TM, TN, cost, device smem limit)
-py::tuple fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t cfg, int64_t cols) {
+py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t cfg, int64_t cols) {
   lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
   LAB_CHECK_VALUE(x.is_cuda(), "fused_plan: x must be a CUDA tensor (it names the device and dtype), got ",
                     x.device().str());
@@ -296,7 +297,7 @@ py::tuple fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int
     f.push_back(static_cast<int>(v));
     N *= v;
   }
-  std::vector<int64_t> info(11, 0);
+  std::vector<int64_t> info(kron::kPlanFields, 0);
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
   const FusedKernels kern = fused_kernels(x.scalar_type());
@@ -305,9 +306,9 @@ py::tuple fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int
 #else
   LAB_NO_CUDA_BUILD("fused_plan");
 #endif
-  py::tuple t(info.size());
-  for (size_t i = 0; i < info.size(); ++i) t[i] = py::int_(info[i]);
-  return t;
+  py::dict d;
+  for (int i = 0; i < kron::kPlanFields; ++i) d[kron::kPlanFieldNames[i]] = py::int_(info[size_t(i)]);
+  return d;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -318,7 +319,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward", lab::bind(backward),
         "backward(g, x, factors, states, dx, dws, version) -> dx; dws[k] = dL/dfactors[k]");
   m.def("fused_plan", lab::bind(fused_plan),
-        "fused_plan(x, batch, sizes, cfg, cols) -> (fits, cfg, c, slices, smem, blocks/SM, threads, TM, TN, cost, "
-        "smem limit)");
+        "fused_plan(x, batch, sizes, cfg, cols) -> {fits, cfg, c, slices, smem_bytes, blocks_per_sm, threads, TM, TN, "
+        "cost, smem_limit} (cuda_src/kron/plan_info.h)");
   LAB_BIND_UNITS(m);
 }

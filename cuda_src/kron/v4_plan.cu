@@ -4,6 +4,7 @@
 // builds, one per configuration, handed over by the binding (FusedKernels, kron.cuh).
 // lab:variants dtype=f32,f64
 #include "kron.cuh"
+#include "plan_info.h"
 
 #include <map>
 #include <mutex>
@@ -162,16 +163,23 @@ cudaError_t fused_forward(const T* x, T* y, const T* const* w, const int* f, int
   return fused(x, y, w, f, K, B, N, states, p, *kern, s);
 }
 
-// What v4 would launch, as the 11 numbers the binding's fused_plan returns: (fits, cfg, c, slices per sample, shared
-// bytes per block, blocks per SM, threads, TM, TN, cost, device smem limit).
+// What v4 would launch, as the kPlanFields numbers the binding's fused_plan returns by name (plan_info.h).
 template <class T>
 void fused_plan_info(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, const FusedKernels<T>* kern,
                      int64_t* info) {
   const FusedPlan p = plan_fused<T>(B, N, f, K, cfg, cols, *kern);
   const CfgShape cs = cfg_shape<T>(p.ok ? p.cfg : 0);
-  const int64_t v[] = {p.ok, p.cfg, p.c, p.nslices, p.smem, p.blocks_per_sm, cs.threads, cs.tm, cs.tn,
-                       int64_t(p.cost), device_facts().smem_optin};
-  for (int i = 0; i < 11; ++i) info[i] = v[i];
+  info[kFits] = p.ok;
+  info[kCfg] = p.cfg;
+  info[kC] = p.c;
+  info[kSlices] = p.nslices;
+  info[kSmemBytes] = p.smem;
+  info[kBlocksPerSm] = p.blocks_per_sm;
+  info[kThreads] = cs.threads;
+  info[kTM] = cs.tm;
+  info[kTN] = cs.tn;
+  info[kCost] = int64_t(p.cost);
+  info[kSmemLimit] = device_facts().smem_optin;
 }
 
 }  // namespace kron

@@ -65,10 +65,8 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
 
 def v3_plan(batch: int, hidden: int, dtype: torch.dtype = torch.float32, version: str = "v3") -> dict:
     """How v3 (or v4: the same split) divides the work on this GPU: units per block, batch slices, shared memory,
-    blocks, and whether all blocks fit on the chip at once (status 0)."""
-    keys = ["status", "kpt", "lanes_per_unit", "units_per_block", "hidden_slices", "batch_slices",
-            "rows_per_block", "rows_per_chunk", "smem_bytes", "blocks", "max_coresident"]
-    return dict(zip(keys, ext().v3_plan(batch, hidden, DTYPE_CODE[dtype], version_number(version))))
+    blocks, and whether all blocks fit on the chip at once (status 0). The binding names the fields."""
+    return dict(ext().v3_plan(batch, hidden, DTYPE_CODE[dtype], version_number(version)))
 
 
 # ---- precision --------------------------------------------------------------------------------------------------

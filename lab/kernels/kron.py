@@ -268,17 +268,13 @@ class KronLinear(torch.nn.Module):
 
 
 # ---- v4's launch choice, and timing the alternatives ---------------------------------------------------------------
-PLAN_FIELDS = ("fits", "cfg", "c", "slices", "smem_bytes", "blocks_per_sm", "threads", "TM", "TN", "cost",
-               "smem_limit")
-
-
 def plan(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda", cfg: int = -1,
          cols: int = 0) -> dict:
     """What v4 launches for this batch and factorisation: block configuration, slice width c (columns of W_K per
-    block), slices per sample, shared memory per block, resident blocks per SM; fits=0 means v4 runs v3."""
+    block), slices per sample, shared memory per block, resident blocks per SM; fits=0 means v4 runs v3. The field
+    names come from the binding (written once, in cuda_src/kron/plan_info.h)."""
     like = torch.empty(0, dtype=dtype, device=device)
-    info = ext().fused_plan(like, int(batch), list(parse_factors(sizes)), cfg, cols)
-    return dict(zip(PLAN_FIELDS, info))
+    return dict(ext().fused_plan(like, int(batch), list(parse_factors(sizes)), cfg, cols))
 
 
 def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda",
