@@ -50,8 +50,6 @@ std::string cat(const Args&... args);
 
 namespace lab {
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Text for messages, built with snprintf and std::string appends only (no iostreams, no std::to_string): on the
 // H100 box (torch 2.11, g++ 13.3) integer formatting through iostreams inside an extension, and std::to_string +
 // operator+, crashed the process (see "binding" below).

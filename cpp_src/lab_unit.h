@@ -27,6 +27,16 @@
 
 #include <cstdint>
 
+// Shared by every unit and binding, CPU and CUDA alike (nvcc compiles it for host and device).
+#if defined(__CUDACC__)
+#define LAB_HOST_DEVICE __host__ __device__
+#else
+#define LAB_HOST_DEVICE
+#endif
+namespace lab {
+LAB_HOST_DEVICE constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace lab
+
 extern "C" {
 struct LabExport {
   const char* name;

@@ -5,9 +5,9 @@
 #include <cuda_runtime.h>
 #include <cstdint>
 
-namespace lab {
+#include "lab_unit.h"  // lab::ceil_div (host and device), the export table
 
-__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+namespace lab {
 
 // Multiprocessor count of the current device (cached per device; asked once, costs ~1 us after that).
 inline int sm_count() {

@@ -12,7 +12,7 @@
 namespace {
 
 constexpr int64_t kRows = 64;    // CPU: rows of a sample per task (64·f values of y stay in cache across the k loop)
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }  // lab::ceil_div is in lab_common.h
+using lab::ceil_div;
 
 // ---- CPU version ------------------------------------------------------------------------------------------------
 // F-step: y[b][p][j] = Σ_i x[b][i][p]·W[i][j]. Per task: kRows rows of one sample; the i-loop streams x's row i and

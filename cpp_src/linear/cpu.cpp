@@ -7,7 +7,7 @@
 
 namespace {
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+using lab::ceil_div;
 
 // ---- the C++ CPU version ----------------------------------------------------------------------------------------
 // y[m, n] = b[n] + sum_k x[m, k]·w[n, k]. Both operands are K-contiguous, so the natural inner loop is a dot
