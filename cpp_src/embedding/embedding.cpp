@@ -1,0 +1,181 @@
+// embedding/embedding.cpp — the binding of the embedding family: torch-facing functions and named input checks, then
+// a call of the launcher a unit exports (cuda_src/embedding/v1.cu, v2.cu for CUDA tensors; cpp_src/embedding/cpu.cpp
+// for CPU tensors), looked up by name (lab::launcher, lab_common.h). No kernel code here.
+//
+// embedding_forward(idx, weight, out, ...) gathers rows; embedding_backward(grad_out, idx, num_embeddings, ...,
+// grad_weight, ...) is the dense weight gradient. Both write into outputs the caller allocated (the lab poisons them
+// before a check). padding_idx: has_padding = false means none (padding_idx=None in torch); else padding_idx counts
+// from the end when negative, as torch's. version: 0 = the C++ CPU code (CPU tensors), 1..2 = the CUDA versions.
+// check_indices: every index is checked to lie in [0, num_embeddings) before a launch — on the CPU by a loop over
+// them, on CUDA by at::aminmax and a copy of two numbers to the host (a reduction and a synchronisation: the price of
+// a ValueError instead of garbage; the kernels never read out of bounds either way, see embedding.cuh).
+#include "lab_common.h"
+
+namespace {
+
+constexpr int64_t kMaxVersion = 2;
+
+const char* idx_suffix(const at::Tensor& idx) { return idx.scalar_type() == at::kInt ? "i32" : "i64"; }
+
+#ifdef LAB_WITH_CUDA
+// The CUDA launchers (cuda_src/embedding/embedding.cuh).
+using FwdCuda = cudaError_t (*)(const void* idx, const void* weight, void* out, int64_t tokens, int64_t dim,
+                                int64_t num_embeddings, cudaStream_t stream);
+using BwdV1Cuda = cudaError_t (*)(const void* grad_out, const void* idx, void* grad_weight, void* acc,
+                                  int64_t tokens, int64_t dim, int64_t num_embeddings, int64_t padding_idx,
+                                  cudaStream_t stream);
+using BwdV2Cuda = cudaError_t (*)(const void* grad_out, const int64_t* sorted, const int64_t* perm,
+                                  void* grad_weight, int64_t tokens, int64_t dim, int64_t num_embeddings,
+                                  int64_t padding_idx, cudaStream_t stream);
+#endif
+// The CPU launchers (cpp_src/embedding/cpu.cpp).
+using FwdCpu = void (*)(const void* idx, const void* weight, void* out, int64_t tokens, int64_t dim,
+                        int64_t num_embeddings);
+using BwdCpu = void (*)(const void* grad_out, const void* idx, void* grad_weight, int64_t tokens, int64_t dim,
+                        int64_t num_embeddings, int64_t padding_idx);
+
+void check_idx(const at::Tensor& idx) {
+  lab::check_defined(idx, "idx");
+  LAB_CHECK_TYPE(idx.scalar_type() == at::kLong || idx.scalar_type() == at::kInt,
+                 "idx must be an integer tensor (Long or Int), got ", c10::toString(idx.scalar_type()));
+  lab::check_contiguous(idx, "idx");
+}
+
+// Every index in [0, num_embeddings): a ValueError naming the first bad one (CPU) or the smallest / largest (CUDA).
+template <class I>
+void check_range_cpu(const I* p, int64_t n, int64_t num_embeddings, const char* op) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = int64_t(p[i]);
+    LAB_CHECK_VALUE(v >= 0 && v < num_embeddings, op, ": index out of range: idx.flatten()[", i, "] = ", v,
+                    ", but indices must be in [0, num_embeddings) = [0, ", num_embeddings, ")",
+                    v < 0 ? " (a negative index does not count from the end here, as in torch)" : "");
+  }
+}
+
+void check_range(const at::Tensor& idx, int64_t num_embeddings, const char* op) {
+  if (idx.numel() == 0) return;
+  if (!idx.is_cuda()) {
+    if (idx.scalar_type() == at::kInt) check_range_cpu(idx.data_ptr<int32_t>(), idx.numel(), num_embeddings, op);
+    else check_range_cpu(idx.data_ptr<int64_t>(), idx.numel(), num_embeddings, op);
+    return;
+  }
+  auto mm = at::aminmax(idx.reshape({-1}));
+  const at::Tensor both = at::stack({std::get<0>(mm), std::get<1>(mm)}).to(at::kLong).cpu();  // syncs
+  const int64_t lo = both.data_ptr<int64_t>()[0], hi = both.data_ptr<int64_t>()[1];
+  LAB_CHECK_VALUE(lo >= 0, op, ": index out of range: idx contains ", lo,
+                  " (its smallest), but indices must be in [0, num_embeddings) = [0, ", num_embeddings,
+                  ") (a negative index does not count from the end here, as in torch)");
+  LAB_CHECK_VALUE(hi < num_embeddings, op, ": index out of range: idx contains ", hi,
+                  " (its largest), but indices must be in [0, num_embeddings) = [0, ", num_embeddings, ")");
+}
+
+// torch's rule: padding_idx in [-num_embeddings, num_embeddings), a negative one counted from the end. Returns the
+// row, or -1 for none.
+int64_t resolve_padding(bool has_padding, int64_t padding_idx, int64_t num_embeddings, const char* op) {
+  if (!has_padding) return -1;
+  LAB_CHECK_VALUE(padding_idx >= -num_embeddings && padding_idx < num_embeddings, op, ": padding_idx must be "
+                  "within num_embeddings: in [-", num_embeddings, ", ", num_embeddings, "), got ", padding_idx);
+  return padding_idx < 0 ? padding_idx + num_embeddings : padding_idx;
+}
+
+std::vector<int64_t> out_shape(const at::Tensor& idx, int64_t dim) {
+  std::vector<int64_t> s(idx.sizes().begin(), idx.sizes().end());
+  s.push_back(dim);
+  return s;
+}
+
+}  // namespace
+
+// ---- torch-facing functions ---------------------------------------------------------------------------------
+at::Tensor embedding_forward(const at::Tensor& idx, const at::Tensor& weight, at::Tensor out, bool has_padding,
+                             int64_t padding_idx, int64_t version, bool check_indices) {
+  const char* op = "embedding";
+  check_idx(idx);
+  lab::check_dtype(weight, "weight", {at::kFloat, at::kBFloat16, at::kDouble});
+  lab::check_dim(weight, "weight", 2, "(num_embeddings, dim)");
+  lab::check_contiguous(weight, "weight");
+  lab::check_same_device(idx, "idx", weight, "weight");
+  lab::check_no_grad(weight, "weight", op);
+  const int64_t V = weight.size(0), D = weight.size(1), T = idx.numel();
+  resolve_padding(has_padding, padding_idx, V, op);  // the forward gathers the padding row too: checked, not used
+  const auto shape = out_shape(idx, D);
+  lab::check_out(out, "out", weight, shape, "idx.shape + (dim,)");
+  lab::check_version(weight, "weight", version, 1, kMaxVersion, op);
+  if (check_indices) check_range(idx, V, op);
+
+  const std::string types = lab::cat(lab::dtype_suffix(weight.scalar_type()), "_", idx_suffix(idx));
+  if (weight.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+    c10::cuda::CUDAGuard guard(weight.device());
+    auto fn = lab::launcher<FwdCuda>(lab::cat("embedding_fwd_v", version, "_", types));
+    LAB_CUDA_CHECK(fn(idx.data_ptr(), weight.data_ptr(), out.data_ptr(), T, D, V, LAB_STREAM()),
+                   "embedding forward kernel");
+#else
+    LAB_NO_CUDA_BUILD(op);
+#endif
+    return out;
+  }
+  lab::launcher<FwdCpu>(lab::cat("embedding_fwd_cpu_", types))(idx.data_ptr(), weight.data_ptr(), out.data_ptr(), T,
+                                                                D, V);
+  return out;
+}
+
+at::Tensor embedding_backward(const at::Tensor& grad_out, const at::Tensor& idx, int64_t num_embeddings,
+                              bool has_padding, int64_t padding_idx, at::Tensor grad_weight, int64_t version,
+                              bool check_indices) {
+  const char* op = "embedding_backward";
+  check_idx(idx);
+  lab::check_dtype(grad_out, "grad_out", {at::kFloat, at::kBFloat16, at::kDouble});
+  LAB_CHECK_VALUE(grad_out.dim() == idx.dim() + 1 && grad_out.sizes().slice(0, idx.dim()) == idx.sizes(),
+                  op, ": grad_out must have shape idx.shape + (dim,) with idx.shape = ", lab::shape_str(idx.sizes()),
+                  ", got ", lab::shape_str(grad_out.sizes()));
+  lab::check_contiguous(grad_out, "grad_out");
+  lab::check_same_device(idx, "idx", grad_out, "grad_out");
+  LAB_CHECK_VALUE(num_embeddings >= 0, op, ": num_embeddings must be >= 0, got ", num_embeddings);
+  const int64_t V = num_embeddings, D = grad_out.size(-1), T = idx.numel();
+  const int64_t pad = resolve_padding(has_padding, padding_idx, V, op);
+  lab::check_out(grad_weight, "grad_weight", grad_out, {V, D}, "(num_embeddings, dim)");
+  lab::check_version(grad_out, "grad_out", version, 1, kMaxVersion, op);
+  if (check_indices) check_range(idx, V, op);
+
+  const char* dt = lab::dtype_suffix(grad_out.scalar_type());
+  if (grad_out.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+    c10::cuda::CUDAGuard guard(grad_out.device());
+    if (version == 1) {
+      // bf16 adds into an fp32 buffer (embedding.cuh); fp32 and fp64 add into grad_weight itself
+      at::Tensor acc;
+      if (grad_out.scalar_type() == at::kBFloat16) acc = at::empty({V, D}, grad_out.options().dtype(at::kFloat));
+      auto fn = lab::launcher<BwdV1Cuda>(lab::cat("embedding_bwd_v1_", dt, "_", idx_suffix(idx)));
+      LAB_CUDA_CHECK(fn(grad_out.data_ptr(), idx.data_ptr(), grad_weight.data_ptr(),
+                        acc.defined() ? acc.data_ptr() : nullptr, T, D, V, pad, LAB_STREAM()),
+                     "embedding backward v1 kernel");
+    } else {
+      // v2: equal indices in runs, in token order (a stable sort), for the deterministic kernel
+      const at::Tensor flat = idx.reshape({-1}).to(at::kLong);
+      auto sp = at::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+      const at::Tensor sorted = std::get<0>(sp).contiguous(), perm = std::get<1>(sp).contiguous();
+      auto fn = lab::launcher<BwdV2Cuda>(lab::cat("embedding_bwd_v2_", dt));
+      LAB_CUDA_CHECK(fn(grad_out.data_ptr(), sorted.data_ptr<int64_t>(), perm.data_ptr<int64_t>(),
+                        grad_weight.data_ptr(), T, D, V, pad, LAB_STREAM()),
+                     "embedding backward v2 kernel");
+    }
+#else
+    LAB_NO_CUDA_BUILD(op);
+#endif
+    return grad_weight;
+  }
+  lab::launcher<BwdCpu>(lab::cat("embedding_bwd_cpu_", dt, "_", idx_suffix(idx)))(
+      grad_out.data_ptr(), idx.data_ptr(), grad_weight.data_ptr(), T, D, V, pad);
+  return grad_weight;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "nn.Embedding forward (row gather) and backward (dense weight gradient); version 0 = C++ CPU code";
+  m.def("embedding_forward", lab::bind(embedding_forward),
+        "embedding_forward(idx, weight, out, has_padding, padding_idx, version, check_indices) -> out");
+  m.def("embedding_backward", lab::bind(embedding_backward),
+        "embedding_backward(grad_out, idx, num_embeddings, has_padding, padding_idx, grad_weight, version, "
+        "check_indices) -> grad_weight");
+  LAB_BIND_UNITS(m);
+}
