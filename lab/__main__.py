@@ -11,7 +11,8 @@
   summary [--readme]       this machine's results/<device>/SUMMARY.md (--readme: README's status table)
   watch FAMILY             on every save: rebuild what changed, check and time the versions it touches
   buildtime [FAMILY ...]   the edit-and-rerun benchmark: cold/warm builds and one-line edits, into
-                           results/<device>/build_times.csv (a scratch copy of the sources, an empty cache)
+                           results/<device>/build_times.csv (a scratch copy of the sources, an empty cache);
+                           --phases: each target's compile alone, phase by phase (nvcc --time, g++ -ftime-report)
 
 Everything a run records goes to results/<device>/ (the GPU's name, or the CPU's model, as a folder name): a run on
 one machine never rewrites another machine's rows, plots, ceilings or summary.
