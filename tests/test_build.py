@@ -170,6 +170,7 @@ def test_cuda_flavor_edit_rebuilds_only_what_changed(toy):
     cu = toy / "cuda_src" / "toy.cu"
     cu.write_text('#include "lab_cuda.cuh"\n__global__ void k(int* p) { *p = 1; }\nint cu_value() { return 7; }\n')
     (toy / "cuda_src" / "lab_cuda.cuh").write_text((ROOT / "cuda_src" / "lab_cuda.cuh").read_text())
+    (toy / "cpp_src" / "lab_unit.h").write_text((ROOT / "cpp_src" / "lab_unit.h").read_text())  # lab_cuda.cuh's
     _edit(toy / "cpp_src" / "toy.cpp", "int value()", "int cu_value();\nint value2() { return cu_value(); }\n"
                                                      "int value()")
     _edit(toy / "cpp_src" / "toy.cpp", 'm.def("value", &value);', 'm.def("value", &value); m.def("value2", &value2);')
