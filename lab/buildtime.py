@@ -242,8 +242,9 @@ def _cold_text(run_: list[dict]) -> str:
     c = [r for r in run_ if r["event"] == "cold_build_all"]
     if not c:
         return "no cold build recorded"
+    from .build import families_on_disk
     fams = c[0]["target"].split(",")
-    what = "every family" if len(fams) >= 6 else f"{', '.join(fams)} together"
+    what = "every family" if set(fams) >= set(families_on_disk()) else f"{', '.join(fams)} together"
     return f"cold build of {what} {float(c[0]['seconds']):.1f} s (commit {c[0]['commit']})"
 
 
