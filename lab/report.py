@@ -58,7 +58,7 @@ def run(args) -> int:
     for fam in fams:
         for d in devices:
             for op in fam.ops:
-                rs = verify.check_op(op, d, seeds=range(2 if args.quick else 3))
+                rs = verify.check_op(op, d, seeds=range(3))   # three seeds, quick or not (README's promise)
                 verify.record(rs, fam.name, d)
                 checks += rs
                 _say(f"  check {fam.name}.{op.name} on {d.type}: {sum(r.passed for r in rs)}/{len(rs)} passed")
