@@ -19,6 +19,16 @@ inline int sm_count() {
   return counts[dev];
 }
 
+// Shared memory a block may opt in to on the current device (cached per device): 227 KB on an H100.
+inline int smem_optin() {
+  static int bytes[64] = {0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) return 227 * 1024;
+  if (!bytes[dev]) cudaDeviceGetAttribute(&bytes[dev], cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  return bytes[dev];
+}
+
 // Grid for a grid-stride loop over `items` with `block` threads: a few waves of blocks per SM keeps every SM busy
 // and amortises block start-up; never more blocks than there is work.
 inline unsigned grid_stride_blocks(int64_t items, int block, int blocks_per_sm = 4) {

@@ -319,19 +319,7 @@ __device__ __forceinline__ void store_rows(T* dst, long ld, long rows, int cols,
 // Host side: device facts, configuration choice, launches
 // ---------------------------------------------------------------------------------------------------------------
 struct DeviceFacts { int sms, smem_optin; };
-inline DeviceFacts device_facts() {
-  static DeviceFacts cache[64] = {};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) return {132, 227 * 1024};
-  if (!cache[dev].sms) {
-    int sms = 0, optin = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    cache[dev] = {sms, optin};
-  }
-  return cache[dev];
-}
+inline DeviceFacts device_facts() { return {lab::sm_count(), lab::smem_optin()}; }  // both cached (lab_cuda.cuh)
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
