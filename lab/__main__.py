@@ -151,26 +151,31 @@ def cmd_bench(args) -> int:
             print(f"[lab] skip {fam.name}: its benchmarks need a GPU")
             continue
         for op in ([] if args.extra and not args.op else _ops(fam, args)):   # --extra alone: only those
+            versions = args.version
+            if not args.no_check:
+                # validate, then benchmark: one seed over the check shapes (in workers with --isolate: a version that
+                # crashes or hangs there is not timed either); a wrong version is not timed
+                if args.isolate:
+                    from . import isolate
+                    rs = isolate.check_op(op, dev, args.version, _dtypes(args), timeout=args.timeout, seeds=(0,))
+                else:
+                    rs = verify.check_op(op, dev, _dtypes(args), args.version, seeds=(0,))
+                wrong = sorted({r.version for r in rs if not r.passed})
+                if wrong:
+                    print(f"[lab] {fam.name}.{op.name}: not timed, wrong on the check shapes: "
+                          f"{', '.join(wrong)} (`python -m lab check {fam.name} --op {op.name}` says where)",
+                          flush=True)
+                    names = [v.name for v in op.versions_for(dev, None, args.version)]
+                    versions = [n for n in names if n not in wrong]
+                    if not versions:
+                        continue
             if args.isolate:
                 from . import isolate
-                rows, failed = isolate.bench_op(op, dev, args.version, _dtypes(args), timeout=args.timeout,
+                rows, failed = isolate.bench_op(op, dev, versions, _dtypes(args), timeout=args.timeout,
                                                 shapes=_shapes(args, op), record=not args.dry)
                 for f in failed:
                     print(f"[lab] {f.line()}", flush=True)
             else:
-                versions = args.version
-                if not args.no_check:
-                    # validate, then benchmark: one seed over the check shapes; a wrong version is not timed
-                    rs = verify.check_op(op, dev, _dtypes(args), args.version, seeds=(0,))
-                    wrong = sorted({r.version for r in rs if not r.passed})
-                    if wrong:
-                        print(f"[lab] {fam.name}.{op.name}: not timed, wrong on the check shapes: "
-                              f"{', '.join(wrong)} (`python -m lab check {fam.name} --op {op.name}` says where)",
-                              flush=True)
-                        names = [v.name for v in op.versions_for(dev, None, args.version)]
-                        versions = [n for n in names if n not in wrong]
-                        if not versions:
-                            continue
                 rows = bench.bench_op(op, dev, _dtypes(args), versions, _shapes(args, op), record=not args.dry)
             if rows:
                 for dt in sorted({r["dtype"] for r in rows}):
