@@ -66,26 +66,17 @@
 #include <cuda_bf16.h>
 
 #include "lab_cuda.cuh"
+#include "lab_types.cuh"
 #include "lab_unit.h"
 
 namespace embedding {
 
 constexpr int kBlock = 256;
 
-// ---- element types: fp32 accumulation for fp32/bf16, fp64 for double --------------------------------------------
-template <class T> struct Acc { using type = float; };
-template <> struct Acc<double> { using type = double; };
-
-__device__ __forceinline__ float to_acc(float v) { return v; }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ double to_acc(double v) { return v; }
-
-template <class T> __device__ __forceinline__ T from_acc(typename Acc<T>::type v);
-template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
+// ---- element types (lab_types.cuh): fp32 accumulation for fp32/bf16, fp64 for double ---------------------------
+using lab::Acc;
+using lab::from_acc;
+using lab::to_acc;
 
 // What a forward row with a bad index is written as: NaN shows up in any check; zeros would hide.
 template <class T> __device__ __forceinline__ T bad_row_value() { return from_acc<T>(typename Acc<T>::type(NAN)); }
