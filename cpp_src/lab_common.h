@@ -103,10 +103,12 @@ inline void check_same_device(const at::Tensor& t, const char* name, const at::T
 
 // A forward-only op given a tensor that requires grad, with grad mode on: its output would silently not require
 // grad, and a training loop would quietly stop learning. An error names it instead.
-inline void check_no_grad(const at::Tensor& t, const char* name, const char* op) {
+// `instead`: what to use for training, where the family has a differentiable wrapper (default: PyTorch's module).
+inline void check_no_grad(const at::Tensor& t, const char* name, const char* op,
+                          const char* instead = "the PyTorch module") {
   LAB_CHECK_VALUE(!(t.defined() && t.requires_grad() && c10::GradMode::is_enabled()), op, ": ", name,
                   " requires grad, but this kernel has no backward (its output would silently not require grad); "
-                  "call it under torch.no_grad() for inference, or train with the PyTorch module");
+                  "call it under torch.no_grad() for inference, or train with ", instead);
 }
 
 inline void check_contiguous(const at::Tensor& t, const char* name) {

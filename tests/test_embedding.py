@@ -209,7 +209,7 @@ def test_bad_input_names_the_argument(device):
         E.embedding_backward(g, idx, 5, version=v, out=torch.empty(6, 4, device=device))
     with pytest.raises(TypeError, match=r"grad_weight must have the same dtype as the input \(Float\), got Double"):
         E.embedding_backward(g, idx, 5, version=v, out=torch.empty(5, 4, dtype=torch.float64, device=device))
-    with pytest.raises(ValueError, match=r"embedding: weight requires grad, but this function is forward only.*use apply_embedding"):
+    with pytest.raises(ValueError, match=r"embedding: weight requires grad, but this kernel has no backward.*apply_embedding"):
         E.embedding(idx, w.clone().requires_grad_(), version=v)
 
 

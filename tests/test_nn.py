@@ -28,10 +28,10 @@ def test_linear_is_nn_linear(device, bias):
 
 def test_linear_refuses_to_train_without_a_backward():
     m = lab.nn.Linear(8, 4)
-    with pytest.raises(RuntimeError, match=r"lab.nn.Linear has no backward yet, and weight, bias require grad"):
+    with pytest.raises(ValueError, match=r"linear: weight requires grad, but this kernel has no backward"):
         m(torch.randn(2, 8))
     m.requires_grad_(False)
-    with pytest.raises(RuntimeError, match=r"input requires grad"):
+    with pytest.raises(ValueError, match=r"linear: x requires grad"):
         m(torch.randn(2, 8, requires_grad=True))
     assert m(torch.randn(2, 8)).shape == (2, 4)          # frozen parameters, plain input: fine with grad enabled
 
@@ -65,8 +65,11 @@ def test_gru_refuses_what_its_kernels_do_not_do():
     x = torch.randn(3, 2, 4)
     with torch.no_grad(), pytest.raises(NotImplementedError, match="dropout=0.5"):
         m(x)                                                 # training mode: torch would drop out between layers
-    with pytest.raises(RuntimeError, match=r"lab.nn.GRU has no backward yet, and weight_ih_l0"):
+    with pytest.raises(ValueError, match=r"gru: params\[0\] \(w_ih of layer 0\) requires grad, but this kernel has no"):
         m.eval()(x)
+    m.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"gru: x requires grad"):
+        m(x.clone().requires_grad_())
     packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([3, 2]))
     with torch.no_grad(), pytest.raises(TypeError, match="PackedSequence"):
         m(packed)

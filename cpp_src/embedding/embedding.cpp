@@ -95,7 +95,7 @@ at::Tensor embedding_forward(const at::Tensor& idx, const at::Tensor& weight, at
   lab::check_dim(weight, "weight", 2, "(num_embeddings, dim)");
   lab::check_contiguous(weight, "weight");
   lab::check_same_device(idx, "idx", weight, "weight");
-  lab::check_no_grad(weight, "weight", op);
+  lab::check_no_grad(weight, "weight", op, "lab.kernels.embedding.apply_embedding (differentiable)");
   const int64_t V = weight.size(0), D = weight.size(1), T = idx.numel();
   resolve_padding(has_padding, padding_idx, V, op);  // the forward gathers the padding row too: checked, not used
   const auto shape = out_shape(idx, D);

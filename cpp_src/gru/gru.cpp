@@ -116,11 +116,14 @@ std::pair<int64_t, int64_t> check_forward(const at::Tensor& x, const std::option
       else
         lab::check_shape(p, name.c_str(), {3 * H}, "(3*hidden,)");
       check_like(p, name, x);
+      lab::check_no_grad(p, name.c_str(), "gru");
     }
   }
+  lab::check_no_grad(x, "x", "gru");
   if (h0 && h0->defined()) {
     lab::check_shape(*h0, "h0", {L, B, H}, "(num_layers, batch, hidden)");
     check_like(*h0, "h0", x);
+    lab::check_no_grad(*h0, "h0", "gru");
   }
   lab::check_out(out, "out", x, {T, B, H}, "(seq_len, batch, hidden)");
   lab::check_out(h_n, "h_n", x, {L, B, H}, "(num_layers, batch, hidden)");

@@ -56,9 +56,6 @@ def embedding(idx: torch.Tensor, weight: torch.Tensor, padding_idx: int | None =
     """weight[idx]: (*idx.shape, dim). check_indices=False skips the range check (on CUDA a reduction and a sync);
     the kernels then write NaN rows for bad indices rather than read out of bounds."""
     version = version or ("v2" if weight.is_cuda else "cpu")
-    if weight.requires_grad and torch.is_grad_enabled():
-        raise ValueError("embedding: weight requires grad, but this function is forward only (its output would "
-                         "silently not require grad): use apply_embedding (differentiable), or torch.no_grad()")
     if out is None:
         out = torch.empty((*idx.shape, weight.shape[-1] if weight.dim() else 0), dtype=weight.dtype,
                           device=weight.device)

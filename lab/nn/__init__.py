@@ -9,9 +9,9 @@
 Each module is a subclass of torch's (constructor arguments, parameters, state_dict and repr are torch's), whose
 forward calls the lab's kernel (`version=` picks one; default: the fastest for the input's device and dtype). What a
 kernel does not do is an error that names it, never a silent difference:
-- `Linear` and `GRU` have no backward yet: called with grad enabled on a parameter or input that requires grad, they
-  raise (their output would otherwise silently not require grad and a training loop would stop learning). Run them
-  under `torch.no_grad()` / `torch.inference_mode()`, or train with torch's module.
+- `Linear` and `GRU` have no backward yet: called with grad enabled on a parameter or input that requires grad, their
+  bindings raise (lab::check_no_grad: the output would otherwise silently not require grad and a training loop would
+  stop learning). Run them under `torch.no_grad()` / `torch.inference_mode()`, or train with torch's module.
 - `GRU`: no bidirectional, no PackedSequence, no dropout between layers while training.
 `KronLinear` and `functional.rope` are differentiable (their backward kernels exist).
 """
@@ -25,16 +25,6 @@ from ..kernels.kron import KronLinear  # noqa: F401  (a module of its own: facto
 from . import functional  # noqa: F401
 
 __all__ = ["Linear", "GRU", "KronLinear", "functional"]
-
-
-def _refuse_grad(what: str, named: dict[str, torch.Tensor | None]) -> None:
-    if not torch.is_grad_enabled():
-        return
-    needs = [n for n, t in named.items() if t is not None and t.requires_grad]
-    if needs:
-        raise RuntimeError(f"{what} has no backward yet, and {', '.join(needs)} require{'s' if len(needs) == 1 else ''} "
-                           "grad: its output would silently not require grad. Call it under torch.no_grad() or "
-                           f"torch.inference_mode() for inference, or train with torch.nn.{what.split('.')[-1]}.")
 
 
 class Linear(torch.nn.Linear):
@@ -57,7 +47,6 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _refuse_grad("lab.nn.Linear", {"input": x, "weight": self.weight, "bias": self.bias})
         return _linear.linear(x.contiguous(), self.weight, self.bias, version=self.version)
 
     def extra_repr(self) -> str:
@@ -96,8 +85,6 @@ class GRU(torch.nn.GRU):
             raise NotImplementedError(f"lab.nn.GRU: dropout={self.dropout} between layers is not implemented; call "
                                       ".eval() (torch applies no dropout in eval mode either) or use torch.nn.GRU")
         params = list(self._flat_weights)
-        _refuse_grad("lab.nn.GRU", {"input": input, "hx": hx,
-                                    **{n: p for n, p in zip(self._flat_weights_names, params)}})
         if input.dim() not in (2, 3):
             raise ValueError(f"lab.nn.GRU: expected input of 2 (unbatched) or 3 dimensions, got shape "
                              f"{tuple(input.shape)}")
