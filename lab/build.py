@@ -910,13 +910,51 @@ def summarize_log(log: str) -> str:
     return msg
 
 
+# --------------------------------------------------------------------------------------------------------------
+# The CUDA toolkit's programs, and standalone programs outside the family builds
+# --------------------------------------------------------------------------------------------------------------
+def cuda_tool(name: str) -> str | None:
+    """Path of a CUDA toolkit program (nvcc, cuobjdump, ...): $CUDA_HOME/bin first (the toolkit the builds use;
+    env.py points CUDA_HOME at it), then PATH; None when neither has it."""
+    home = os.environ.get("CUDA_HOME")
+    cands = ([os.path.join(home, "bin", name)] if home else []) + [shutil.which(name) or ""]
+    return next((c for c in cands if c and os.path.exists(c)), None)
+
+
+def nvcc_path() -> str | None:
+    """The nvcc the builds use, or None (no CUDA toolkit: set CUDA_HOME or put nvcc on PATH)."""
+    return cuda_tool("nvcc")
+
+
+def compile_standalone(src: Path | str, out: Path | str, defines: list[str] | tuple[str, ...] = (),
+                       flags: list[str] | tuple[str, ...] = ("-O2",), timeout: float = 300) -> tuple[bool, str]:
+    """nvcc one standalone program (its own main(), no torch) into the executable `out`, for this machine's arch
+    (cuda_arch(); sm_90 when there is neither a GPU nor TORCH_CUDA_ARCH_LIST: such a program is then only compiled).
+    defines: ["N=4", ...] -> -DN=4. Returns (built, the compiler's output)."""
+    cc = nvcc_path()
+    if cc is None:
+        return False, "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+    try:
+        arch = cuda_arch()[0]
+    except BuildError:
+        arch = ["-arch=sm_90"]
+    cmd = [cc, *arch, *flags, *[f"-D{d}" for d in defines], str(src), "-o", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return r.returncode == 0, (r.stdout + r.stderr).strip()
+
+
+def run_standalone(binary: Path | str, *args: str, timeout: float = 120) -> tuple[int, str]:
+    """Run a standalone program in its own process (a fault there leaves this process's CUDA context intact):
+    (exit status, stdout + stderr)."""
+    r = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=timeout)
+    return r.returncode, (r.stdout + r.stderr).strip()
+
+
 def resource_usage(family: str) -> str:
     """Registers, shared memory, stack and spills per kernel, read off the built units by cuobjdump."""
-    import subprocess
     s = spec(family, "cuda")
     load(family, "cuda")
-    cuobjdump = shutil.which("cuobjdump") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin",
-                                                            "cuobjdump")
+    cuobjdump = cuda_tool("cuobjdump") or "cuobjdump"   # not found: the run below says so
     arts = [t.artifact for t in s.targets if t.kind in ("cuda", "module")]
     out = []
     for a in arts:

@@ -161,44 +161,4 @@ register(Family(FAMILY, "Linear: SGEMM ladder v1..v9, tensor cores (TF32/bf16, m
                 notebook="notebooks/02_matmul_to_linear.ipynb"))
 
 
-# ---- evidence from the compiler ---------------------------------------------------------------------------------
-KERNELS = {  # version -> substring of its kernel's symbol (the templated variants the launchers pick at 4096³)
-    "v1": "v1_naive", "v2": "v2_coalesced", "v3": "v3_smem_tiles", "v4": "v4_blocktile_1d", "v5": "v5_blocktile_2d",
-    "v6": "v6_vectorizedILb1", "v7": "v7_warptileILb1", "v8": "async_copy_warptileILi2E",
-    "v9": "async_copy_warptileILi4E", "v10": "v10_mma_syncIfLb1", "v11": "v10_mma_syncI13__nv_bfloat16Lb1",
-    "v12": "v12_wgmmaIfLi256", "v13": "v12_wgmmaI13__nv_bfloat16Li256", "v14": "v14_gemvILi1ELi12ELb1ELb1",
-}
-SASS_OPS = ("FFMA", "LDS.128", "LDS", "STS", "LDG", "LDGSTS", "LDSM", "HMMA", "HGMMA", "UTMALDG", "BAR.SYNC")
-
-
-def kernel_report() -> list[dict]:
-    """Per version: registers, static shared memory, stack (spills) from the compiler's resource report, and counts
-    of the SASS instructions that tell the rungs apart (FFMA, LDS.128, LDGSTS, HMMA, HGMMA, ...). Needs a CUDA build
-    and cuobjdump (on PATH or in $CUDA_HOME/bin)."""
-    import os
-    import re
-    import shutil
-    import subprocess
-    usage = build.resource_usage(FAMILY)
-    res = {}
-    for m in re.finditer(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage):
-        res[m.group(1)] = {"registers": int(m.group(2)), "stack": int(m.group(3)), "smem_static": int(m.group(4)),
-                           "local": int(m.group(5))}
-    cuobjdump = shutil.which("cuobjdump") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin",
-                                                            "cuobjdump")
-    # the kernels live in the CUDA units (one library per unit and variant), not in the binding
-    sass = "".join(subprocess.run([cuobjdump, "-sass", str(t.artifact)], capture_output=True, text=True).stdout
-                   for t in build.spec(FAMILY, "cuda").units if t.kind == "cuda")
-    bodies = {}
-    for chunk in sass.split("Function : ")[1:]:
-        name, _, body = chunk.partition("\n")
-        bodies[name.strip()] = body
-    rows = []
-    for v, key in KERNELS.items():
-        sym = next((s for s in res if key in s), None)
-        body = next((b for s, b in bodies.items() if key in s), "")
-        ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body, re.M)
-        counts = {op: sum(1 for o in ops if o == op or o.startswith(op + ".")) for op in SASS_OPS}
-        counts["LDS"] -= counts["LDS.128"]
-        rows.append({"version": v, "kernel": key, **(res.get(sym) or {}), **counts})
-    return rows
+# The compiler's report per version (registers, spills, SASS counts) is a study: lab/studies/linear.py.
