@@ -1,6 +1,6 @@
 """Does the way the L2 is flushed before a timed run change what a memory-bound kernel measures?
 
-The lab's bench flushes the L2 by writing a buffer twice its size, which leaves the L2 full of dirty lines. A timed
+lab.timing flushes the L2 by writing a buffer twice its size, which leaves the L2 full of dirty lines. A timed
 kernel that reads less than the L2 holds evicts them as it misses and pays their write-back: HBM traffic up to twice
 what the kernel itself moves. This probe times the same reads after a 'write' flush and after a 'read' flush (the
 dirty lines written back during the flush) at two footprints: fc_out's weight at batch 1 (30.2 MB, below the 50 MB
@@ -11,13 +11,14 @@ import os
 
 import torch
 
-from lab import bench
+from lab import timing
+from lab.ceilings import ceilings
 from lab.kernels import linear as L
 
 
 def main() -> None:
     dev = torch.device("cuda")
-    copy = bench.ceilings(dev)["copy_gbps"]
+    copy = ceilings(dev)["copy_gbps"]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; copy ceiling {copy:.0f} GB/s (large copy)")
     print(f"{'N':>6} {'MB':>6} {'what':<24} {'write-flush us':>14} {'GB/s':>6} {'read-flush us':>14} {'GB/s':>6}")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -36,10 +37,10 @@ def main() -> None:
             "copy w (read + write)": (lambda: dst.copy_(w), 2 * w.numel() * 4),
         }
         for name, (fn, nbytes) in fns.items():
-            t = {m: None for m in bench.FLUSH_MODES}
-            for mode in bench.FLUSH_MODES:
+            t = {m: None for m in timing.FLUSH_MODES}
+            for mode in timing.FLUSH_MODES:
                 os.environ["LAB_FLUSH"] = mode
-                t[mode] = bench.time_cuda(fn).median_us
+                t[mode] = timing.time_cuda(fn).median_us
             print(f"{N:>6} {mb:>6.1f} {name:<24} {t['write']:>14.2f} {nbytes / t['write'] / 1e3:>6.0f} "
                   f"{t['read']:>14.2f} {nbytes / t['read'] / 1e3:>6.0f}")
     os.environ.pop("LAB_FLUSH", None)

@@ -8,7 +8,8 @@
     lab.watch("basics", op="square")         # rebuild, check and time on every save
     %load_ext lab                            # in a notebook: %%lab_source, %lab_check, %lab_bench, %lab_watch
 
-Read top-down: build -> verify -> bench -> profile -> results -> plot; the CLI is `python -m lab`.
+Read top-down: build -> verify -> timing -> ceilings -> bench -> profile -> results -> plot; the CLI is
+`python -m lab`.
 
 `import lab` costs little over `import torch`: the harness modules, the families and matplotlib are imported on
 first use (attribute access), not here.
@@ -20,13 +21,15 @@ import importlib
 from . import env  # noqa: F401  (first: it points CUDA_HOME at the toolkit)
 from .build import BuildError, load  # noqa: F401,E402
 
-_SUBMODULES = {"build", "verify", "bench", "registry", "results", "plot", "profile", "report", "isolate",
-               "notebooks", "buildtime", "magic", "kernels", "models", "watcher", "nn", "optim"}
+_SUBMODULES = {"build", "verify", "timing", "ceilings", "bench", "registry", "results", "plot", "profile", "report",
+               "isolate", "notebooks", "buildtime", "magic", "kernels", "models", "watcher", "nn", "optim"}
 
 __all__ = ["load", "family", "families", "watch", "BuildError", "build", "verify", "bench", "registry", "results",
            "env", "isolate"]
 
 
+# The imports inside the functions below are lazy on purpose (`import lab` stays cheap, see above), not to dodge a
+# cycle: tests/test_imports.py allows them here and nowhere else in the package.
 def family(name: str):
     """The registered family `name` (imports lab.kernels on first use)."""
     from .registry import get

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from . import bench, build, env, plot, registry, verify
+from . import bench, build, buildtime, env, isolate, page, plot, profile, registry, report, results, verify, watcher
 from .verify import dtype_name
 
 DTYPES = {"f": torch.float32, "float32": torch.float32, "d": torch.float64, "float64": torch.float64,
@@ -122,7 +122,6 @@ def cmd_check(args) -> int:
             print(f"[lab] check {fam.name} on {dev.type}", flush=True)
             for op in _ops(fam, args):
                 if args.isolate:
-                    from . import isolate
                     rs = isolate.check_op(op, dev, args.version, _dtypes(args), timeout=args.timeout,
                                           shapes=_shapes(args, op), seeds=range(args.seeds), progress=args.verbose,
                                           lean=args.lean)
@@ -156,7 +155,6 @@ def cmd_bench(args) -> int:
                 # validate, then benchmark: one seed over the check shapes (in workers with --isolate: a version that
                 # crashes or hangs there is not timed either); a wrong version is not timed
                 if args.isolate:
-                    from . import isolate
                     rs = isolate.check_op(op, dev, args.version, _dtypes(args), timeout=args.timeout, seeds=(0,))
                 else:
                     rs = verify.check_op(op, dev, _dtypes(args), args.version, seeds=(0,))
@@ -170,7 +168,6 @@ def cmd_bench(args) -> int:
                     if not versions:
                         continue
             if args.isolate:
-                from . import isolate
                 rows, failed = isolate.bench_op(op, dev, versions, _dtypes(args), timeout=args.timeout,
                                                 shapes=_shapes(args, op), record=not args.dry)
                 for f in failed:
@@ -194,7 +191,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from . import profile
     dev = _devices(args)[0]
     for fam in _families(args.families):
         for op in _ops(fam, args):
@@ -213,12 +209,10 @@ def cmd_profile(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from . import results
     have = sorted({r["device_name"] for r in results.read()})
     if args.device and args.device not in have:
         raise SystemExit(f"no rows for device {args.device!r}; devices with rows: {have}")
     paths = plot.plot_all(args.device, devices=have if args.all else None, progress=True)
-    from . import page
     index = page.write()
     if index:
         print(f"[lab] wrote {index} (every device's results, one page)")
@@ -229,14 +223,12 @@ def cmd_plot(args) -> int:
 
 
 def cmd_watch(args) -> int:
-    from . import watcher
     watcher.watch(args.family, op=args.op, versions=args.version, device=args.device, isolate=not args.no_isolate,
                 timeout=args.timeout)
     return 0
 
 
 def cmd_buildtime(args) -> int:
-    from . import buildtime
     if args.readme:
         print(f"[lab] wrote {buildtime.write_readme()}")
         for dev in ([args.device] if args.device else plot.this_machine()):
@@ -256,7 +248,6 @@ def cmd_buildtime(args) -> int:
 
 
 def cmd_summary(args) -> int:
-    from . import report
     if args.readme:
         print(f"[lab] wrote {report.write_readme_status()}")
         return 0
@@ -266,7 +257,6 @@ def cmd_summary(args) -> int:
 
 def cmd_report(args) -> int:
     """The main job. Builds everything first (in parallel), then per family: check, bench, plot."""
-    from . import report
     return report.run(args)
 
 

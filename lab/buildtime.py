@@ -24,14 +24,17 @@ import csv
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from . import env
+from . import build, env, results
+from .plot import plt, save_figure
 
 COLUMNS = ["family", "flavor", "event", "target", "seconds", "device_name", "cpus", "torch", "commit", "timestamp",
            "run_id"]
@@ -91,7 +94,6 @@ print("LAB_TIMES", json.dumps(out))
 def _probe(code: str, args: list[str], penv: dict, timeout: float = 1800, echo: bool = False) -> dict | list:
     """Run a probe in a fresh interpreter; its LAB_TIMES line. echo: pass its "[lab]" progress lines on as they come
     (the cold build is otherwise silent for tens of seconds)."""
-    import threading
     p = subprocess.Popen([sys.executable, "-c", code, *args], env=penv, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     err: list[str] = []
@@ -139,7 +141,6 @@ def edits_for(family: str, flavor: str, src: Path) -> list[tuple[str, str]]:
 
 def run(families: list[str] | None = None, flavor: str | None = None, record: bool = True,
         verbose: bool = True) -> list[dict]:
-    from . import build, results
     flavor = flavor or build.default_flavor()
     fams = families or build.families_on_disk()
     stamp = env.machine()
@@ -190,7 +191,6 @@ NAME = "build_times.csv"
 def append(rows: list[dict], path: Path | None = None) -> Path:
     """Append to results/<device>/build_times.csv (each row to its device's; results.append routes them), first
     rewriting a table of the older schema (no `target` column)."""
-    from . import results
     for p in ([path] if path else [results.table_path(d, NAME) for d in {r["device_name"] for r in rows}]):
         if p.exists():
             with open(p, newline="") as fh:
@@ -242,9 +242,8 @@ def _cold_text(run_: list[dict]) -> str:
     c = [r for r in run_ if r["event"] == "cold_build_all"]
     if not c:
         return "no cold build recorded"
-    from .build import families_on_disk
     fams = c[0]["target"].split(",")
-    what = "every family" if set(fams) >= set(families_on_disk()) else f"{', '.join(fams)} together"
+    what = "every family" if set(fams) >= set(build.families_on_disk()) else f"{', '.join(fams)} together"
     return f"cold build of {what} {float(c[0]['seconds']):.1f} s (commit {c[0]['commit']})"
 
 
@@ -296,12 +295,10 @@ _PLOT_EVENTS = [("edit_unit", "one CUDA unit"), ("edit_shared_header", "shared .
 def plot(rows: list[dict] | None = None, device_name: str | None = None) -> Path | None:
     """results/<device>/plots/build_times.png: per family, each kind of one-line edit (every unit's edit as a dot, the bar at
     the slowest), with the goal of each kind dashed; the newest run of one device (default: the newest run)."""
-    from . import results
     rows = rows if rows is not None else results.read(numeric=set(), name=NAME)
     run_ = latest_run(rows, device_name)
     if not run_:
         return None
-    from .plot import plt, save_figure
     fams = sorted({r["family"] for r in run_} - {"(all)"})
     kinds = [(e, lbl) for e, lbl in _PLOT_EVENTS if any(r["event"] == e for r in run_)]
     fig, ax = plt.subplots(figsize=(max(7.0, 1.6 * len(fams) + 3), 4.6))
@@ -342,7 +339,6 @@ def plot(rows: list[dict] | None = None, device_name: str | None = None) -> Path
 
 def write_readme(path: Path | None = None) -> Path:
     """Regenerate README's build-time table (between the buildtime markers) from every device's build_times.csv."""
-    from . import results
     path = path or env.ROOT / "README.md"
     rows = results.read(numeric=set(), name=NAME)
     text = path.read_text()
@@ -432,8 +428,6 @@ def _timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
 def target_phases(t) -> list[tuple[str, str, float]]:
     """(step, phase, seconds) of one built target, its commands re-run one at a time in a scratch folder with the
     flags torch's build.ninja gave them: nvcc --time for the .cu, g++ -ftime-report for the .cpp, and the link."""
-    import shlex
-    from . import build
     bdir = t.build_dir
     v = _ninja_vars(bdir)
     out: list[tuple[str, str, float]] = []
@@ -481,7 +475,6 @@ def phases(families: list[str] | None = None, flavor: str | None = None, record:
            verbose: bool = True) -> list[dict]:
     """Build the families (if not cached), then time every target's compile alone, phase by phase, into
     results/<device>/build_phases.csv: the evidence for what bounds an edit that misses its goal."""
-    from . import build, results
     flavor = flavor or build.default_flavor()
     fams = families or build.families_on_disk()
     stamp = env.machine()

@@ -6,6 +6,7 @@ always says which GPU, which torch and which commit produced it.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import platform
 import re
@@ -34,8 +35,6 @@ def _quiet_no_cuda_runtime() -> None:
     """cpp_extension warns "No CUDA runtime is found, using CUDA_HOME=..." on import on every machine without a GPU,
     i.e. on every command there: no news to someone who knows the machine has no GPU (lab says which CUDA sources it
     did not compile, and how to). Only that one message is dropped."""
-    import logging
-
     class _Drop(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
             return not str(record.msg).startswith("No CUDA runtime is found")

@@ -18,7 +18,9 @@ environment (sources, cache: it loads the already-built modules without compilin
 """
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing as mp
+import os
 import signal
 import sys
 import time
@@ -26,6 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from . import bench, build, registry, results, verify
+from .timing import time_fn
+from .verify import CheckResult, dtype_name
 
 _STICKY = ("illegal memory access", "illegal address", "unspecified launch failure", "misaligned address",
            "illegal instruction", "device-side assert", "an illegal", "CUDA error")
@@ -54,7 +60,6 @@ class Failure:
 
 def _run_job(job: Job) -> Any:
     """One job, in this process: check -> [CheckResult]; bench -> [row]; time -> median microseconds."""
-    from . import bench, build, registry, verify
     op = registry.get(job.family).op(job.op)
     if job.kind == "check":
         return verify.check_op(op, job.device, versions=[job.version], **job.kwargs)
@@ -67,7 +72,7 @@ def _run_job(job: Job) -> Any:
         v = [x for x in op.versions_for(job.device, dtype, [job.version])][0]
         inputs = op.make_inputs(shape, dtype, torch.device(job.device), torch.Generator().manual_seed(1234))
         with build.frozen():
-            return bench.time_fn(bench._timed_call(v, inputs), job.device).median_us
+            return time_fn(bench._timed_call(v, inputs), job.device).median_us
     raise ValueError(f"unknown job kind {job.kind!r}")
 
 
@@ -81,10 +86,7 @@ def run_inline(job: Job) -> Any:
 
 def _worker(conn, jobs: list[Job], setup: dict) -> None:
     # A fresh interpreter: the same families (and any extra modules a caller registered) are imported here.
-    import importlib.util
-    import os
     os.environ.update(setup.get("env", {}))
-    import sys
     for path in setup.get("imports", []):
         name = f"lab_isolated_{abs(hash(path))}"
         spec = importlib.util.spec_from_file_location(name, path)
@@ -92,7 +94,6 @@ def _worker(conn, jobs: list[Job], setup: dict) -> None:
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
     # Build/load the jobs' families now, so that a job's timeout bounds the version's run and not a cold build.
-    from . import build
     for fam in dict.fromkeys(j.family for j in jobs):
         try:
             build.load(fam, verbose=False)
@@ -135,10 +136,9 @@ def run_jobs(jobs: list[Job], timeout: float = 60.0, imports: list[str] | None =
     """Run jobs in worker processes; returns one entry per job: its result (a list of CheckResult or of bench
     rows) or a Failure. `timeout` bounds each job's run; `start_timeout` bounds a worker's start-up (importing torch
     and lab, building or loading the jobs' families), which ends before its first job starts."""
-    from .registry import EXTERNAL
     ctx = mp.get_context("spawn")
     out: list[Any] = [None] * len(jobs)
-    extra = [EXTERNAL[j.family] for j in jobs if j.family in EXTERNAL]
+    extra = [registry.EXTERNAL[j.family] for j in jobs if j.family in registry.EXTERNAL]
     setup = {"imports": list(dict.fromkeys(list(imports or []) + extra)), "env": dict(env or {})}
     start = 0
     while start < len(jobs):
@@ -225,16 +225,14 @@ def check_op(op, device, versions=None, dtypes=None, timeout: float = 60.0, impo
              **kwargs) -> list:
     """verify.check_op, one version at a time in a worker. Returns CheckResults; a version that crashed, hung or
     raised outside its checks comes back as a failed CheckResult whose problem says what happened."""
-    from .registry import shape_label
-    from .verify import CheckResult, dtype_name
     jobs = _jobs("check", op, device, versions, dtypes, **kwargs)
     out = []
     for job, res in zip(jobs, run_jobs(jobs, timeout, imports, env)):
         if isinstance(res, Failure):
             shape = (kwargs.get("shapes") or op.check_shapes or [{}])[0]
-            out.append(CheckResult(op.name, job.version, shape_label(shape), dtype_name((dtypes or op.dtypes)[0]),
-                                   torch.device(device).type, tol=0.0, passed=False, problem=res.problem,
-                                   rel_err=float("inf")))
+            out.append(CheckResult(op.name, job.version, registry.shape_label(shape),
+                                   dtype_name((dtypes or op.dtypes)[0]), torch.device(device).type, tol=0.0,
+                                   passed=False, problem=res.problem, rel_err=float("inf")))
         else:
             out.extend(res or [])
     return out
@@ -244,7 +242,6 @@ def bench_op(op, device, versions=None, dtypes=None, timeout: float = 120.0, imp
              record: bool = True, **kwargs) -> tuple[list[dict], list[Failure]]:
     """bench.bench_op, one version at a time in a worker: (rows, failures). Each worker times the baseline beside
     its version (the speedup is against the baseline of the same process); its rows are kept once."""
-    from . import results
     jobs = _jobs("bench", op, device, versions, dtypes, **kwargs)
     rows, bad, seen_base = [], [], set()
     for res in run_jobs(jobs, timeout, imports, env):

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from . import bench, env, profile, verify
+from . import env, profile, timing, verify
 from .kernels import kron as K
 
 FULL_MAX_N = 16384  # the full matrix is 4·N² bytes (1 GiB at N = 16384)
@@ -107,7 +107,7 @@ def cmd_bench(args, sizes, dtype, device) -> int:
     for v in implementations(device, n, for_timing=True):
         for what, fn in (("forward", lambda v=v: K.kron(x, a, v)),
                          ("forward + backward", lambda v=v: two_layers(v, x, gy, a, b))):
-            t = bench.time_fn(fn, device)
+            t = timing.time_fn(fn, device)
             spec = TaskSpec(stmt=what, setup="", label=f"kron {verify.dtype_name(dtype)} on {env.device_name(device)}",
                             sub_label=f"{label} {what} ({flops * (1 if what == 'forward' else 6):.3e} FLOP)",
                             description=v, num_threads=1)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from . import build, env
+from .__main__ import main
 
 
 def family_of(path: Path) -> str:
@@ -54,7 +55,6 @@ def write_source(path: str, text: str, verbose: bool = True) -> bool:
 
 
 def _cli(cmd: str, line: str) -> int:
-    from .__main__ import main
     try:
         return main([cmd] + shlex.split(line))
     except SystemExit as e:  # argparse's usage errors: printed already; keep the notebook alive

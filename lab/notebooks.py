@@ -22,7 +22,7 @@ NB_DIR = env.ROOT / "notebooks"
 
 def new(path: Path | str, cells: list[tuple[str, str]]) -> Path:
     """Write a notebook from [("md"|"code", source), ...] (no outputs)."""
-    import nbformat
+    import nbformat  # optional (the [test] and [notebooks] extras): only the notebook commands need it
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
@@ -60,7 +60,7 @@ def notebooks(names: list[str] | None = None) -> list[Path]:
 
 def execute(path: Path, out_path: Path | None = None, timeout: int = 1800) -> Path:
     """Execute a notebook top to bottom with nbclient (cwd = notebooks/) and write it (in place by default)."""
-    import nbformat
+    import nbformat  # optional, as above
     from nbclient import NotebookClient
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from . import env, results
+from .buildtime import latest_run
 
 _W, _H, _PAD = 560, 300, 48
 _COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -145,7 +146,6 @@ def _device_section(d: Path, n: int) -> str:
                   _table(["family", "passed", "cases"], body)]
     bt = results.read(d / "build_times.csv", numeric={"seconds"})
     if bt:
-        from .buildtime import latest_run
         run_ = latest_run(bt)
         if run_:
             parts += [f"<details><summary><b>Build times</b> (the edit-and-rerun benchmark, commit "

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 if "ipykernel" not in sys.modules:
     # scripts and the CLI draw to files (no display needed); inside a notebook keep the inline backend, or
@@ -18,7 +19,8 @@ if "ipykernel" not in sys.modules:
     matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from . import env, results  # noqa: E402
+from . import env, registry, results  # noqa: E402
+from .ceilings import ceilings_cached  # noqa: E402
 from .registry import Op  # noqa: E402
 
 
@@ -139,7 +141,6 @@ def speedup_bars(op: Op, dtype: str, device_name: str | None = None, rows: list[
 
 
 def roofline(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
-    from .bench import ceilings_cached
     rows = [r for r in _rows_for(op, device_name, dtype) if r["tflops"] and r["gbps"]]
     if not rows:
         return None
@@ -157,7 +158,6 @@ def roofline(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
         return None
     ai = [r["tflops"] * 1e12 / (r["gbps"] * 1e9) for r in rows]
     lo, hi = min(ai) / 4, max(max(ai) * 4, max(peaks.values()) * 1e12 / bw * 4)
-    import numpy as np
     xs = np.logspace(np.log10(lo), np.log10(hi), 200)
     for name, p in sorted(peaks.items(), key=lambda kv: kv[1]):
         ax.plot(xs, np.minimum(p, xs * bw / 1e12), lw=0.8, alpha=0.6, label=f"{name} {p:.0f} TFLOP/s")
@@ -201,7 +201,6 @@ def this_machine() -> list[str]:
 def plot_all(device_name: str | None = None, devices: list[str] | None = None, progress: bool = False) -> list[Path]:
     """Every family's figures from the rows of `device_name`, or of each of `devices` (default: this machine's
     devices that have rows), each into results/<device>/plots/ — never another machine's folder unless named."""
-    from . import registry, results
     if device_name:
         devices = [device_name]
     elif devices is None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, schedule
 
 from . import env
@@ -96,7 +97,6 @@ def attribute_device_time(events, reps: int = 1) -> dict[str, float]:
     operator that launched it (the innermost ATen op or record_function scope, linked by correlation id), so summing
     key_averages() double-counts. Here each device event (kernel, memcpy, memset) is counted once: under its operator
     where the profiler linked it to one, else under its own name (a launch from a binding outside any operator)."""
-    from torch.autograd import DeviceType
     device_total: dict[str, float] = {}
     for e in events:
         if getattr(e, "device_type", DeviceType.CPU) != DeviceType.CPU:
@@ -142,7 +142,6 @@ def op_times(fn: Callable[[], object], device: str = "cuda", reps: int = 5) -> d
 
 def kernel_times(fn: Callable[[], object], reps: int = 5) -> dict[str, float]:
     """Device time per kernel name (kernels, memcpy, memset: the GPU's own events, each once), us per call."""
-    from torch.autograd import DeviceType
     out: dict[str, float] = {}
     for e in _profiled_events(fn, "cuda", reps).events():
         if e.device_type != DeviceType.CPU:

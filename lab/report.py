@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from . import bench, build, env, plot, profile, registry, results, verify
+from . import bench, build, buildtime, env, plot, profile, registry, results, verify
+from .ceilings import ceilings, ceilings_cached
 from .verify import dtype_name
 
 
@@ -44,7 +45,6 @@ def run(args) -> int:
         skipped.append(f"{f}: build failed ({e.summary.splitlines()[0]})")
     fams = [f for f in fams if f.name not in broken]
     if not args.quick and "basics" in [f.name for f in fams]:
-        from . import buildtime
         try:
             buildtime.run(["basics"], verbose=False)
         except (build.BuildError, RuntimeError) as e:
@@ -71,7 +71,7 @@ def run(args) -> int:
         skipped.append("benchmarks: --no-bench")
     else:
         _say("[3/5] ceilings, then benchmarks ...")
-        ceil = bench.ceilings(dev)
+        ceil = ceilings(dev)
         _say(f"  ceilings: copy {ceil['copy_gbps']:.0f} GB/s; GEMM " +
              ", ".join(f"{k} {v:.1f}" for k, v in ceil['gemm_tflops'].items()) + " TFLOP/s" +
              (f"; FP32 FMA {ceil['fma_tflops']:.1f} TFLOP/s" if ceil.get("fma_tflops") else ""))
@@ -142,7 +142,7 @@ def write_summary(skipped: list[str] | None = None, device: str | None = None):
              f"Generated from results/{env.slug(name)}/results.csv, checks.csv and build_times.csv (newest row per "
              f"key). "
              f"torch {stamp.get('torch')}, CUDA {stamp.get('cuda')}, newest commit {stamp.get('commit')}.", ""]
-    ceil = bench.ceilings_cached(name, stamp.get("torch", "")) or {}
+    ceil = ceilings_cached(name, stamp.get("torch", "")) or {}
     if ceil:
         blas = "cuBLAS via torch.mm" if device == "cuda" else "torch.mm on the CPU"
         lines += ["## Ceilings (measured on this device)", "",

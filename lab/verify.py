@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 import torch
 
+from . import results
 from .registry import Op, Version, shape_label
 
 # Relative-error bounds, ||out - ref|| / ||ref||, against a float64 reference. float32 arithmetic lands near 1e-7 for
@@ -274,7 +275,6 @@ CHECK_COLUMNS = ["family", "op", "version", "dtype", "shape", "device", "device_
 
 def record(results_: list[CheckResult], family: str, device) -> None:
     """Append check outcomes to results/<device>/checks.csv (the evidence behind 'verified')."""
-    from . import results
     st = results.stamp(device)
     rows = [{"family": family, "op": r.op, "version": r.version, "dtype": r.dtype, "shape": r.shape,
              "device": r.device, "device_name": st["device_name"], "seeds": r.seeds, "rel_err": r.rel_err,

@@ -21,7 +21,13 @@ from typing import Callable
 
 import torch
 
+try:
+    import watchfiles
+except ImportError:  # a dependency, but the watcher still works without it: it polls mtimes
+    watchfiles = None
+
 from . import build, env, registry
+from . import isolate as iso  # (as iso: run_versions takes a flag named isolate)
 
 
 def _watched_paths(family: str) -> list[Path]:
@@ -78,9 +84,7 @@ def _poll_changes(paths: list[Path], stop: threading.Event, interval: float = 0.
 
 
 def _changes(paths: list[Path], stop: threading.Event):
-    try:
-        import watchfiles
-    except ImportError:
+    if watchfiles is None:
         yield from _poll_changes(paths, stop)
         return
     for batch in watchfiles.watch(*paths, stop_event=stop, debounce=300, raise_interrupt=True,
@@ -98,7 +102,6 @@ def _fmt_time(us: float | None) -> str:
 def run_versions(family: str, op_names: list[str], versions: list[str] | None, device: torch.device,
                  isolate: bool, timeout: float) -> dict[tuple[str, str], dict]:
     """Check (one seed, the check shapes) and time (one bench shape) each selected version: {(op, v): result}."""
-    from . import isolate as iso
     fam = registry.get(family)
     out: dict[tuple[str, str], dict] = {}
     for op_name in op_names:

@@ -1,10 +1,10 @@
-"""lab.bench's parts that run without a GPU: the L2 flush's mode is checked before anything touches a device; the
-speedups compare like with like."""
+"""lab.bench's parts that run without a GPU, with lab.timing's and lab.ceilings': the L2 flush's mode is checked
+before anything touches a device; the speedups compare like with like."""
 import pytest
 import torch
 
 from conftest import needs_gpu
-from lab import bench
+from lab import bench, ceilings, timing
 
 
 @pytest.mark.parametrize("how", ["arg", "env"])
@@ -12,7 +12,7 @@ def test_unknown_flush_mode_is_a_clear_error(how, monkeypatch):
     if how == "env":
         monkeypatch.setenv("LAB_FLUSH", "clean")
     with pytest.raises(ValueError, match=r"L2 flush mode must be one of \('write', 'read'\), got 'clean'"):
-        bench.flush_l2("cpu", mode="clean" if how == "arg" else None)
+        timing.flush_l2("cpu", mode="clean" if how == "arg" else None)
 
 
 def _row(version, mode, median, precision="float32", shape="n=8", ref="torch"):
@@ -66,4 +66,4 @@ def test_fma_peak_probe_runs():
     out = torch.full((132 * 256,), float("nan"), device="cuda")
     build.load("harness", verbose=False).fma_peak(out, 132, 256, 8)
     assert torch.isfinite(out).all()
-    assert bench.fma_peak_tflops() > 0
+    assert ceilings.fma_peak_tflops() > 0

@@ -89,7 +89,7 @@ def test_persistent_kernels_are_deterministic(dtype, version):
 def test_cuda_graph_replay_matches_eager(version):
     x, h0, params = _inputs(6, 16, 32, 64, L=2, device="cuda", seed=2)
     out = (torch.empty(6, 16, 64, device="cuda"), torch.empty(2, 16, 64, device="cuda"))
-    from lab.bench import capture_graph
+    from lab.timing import capture_graph
     g = capture_graph(lambda: kgru.gru(x, h0, params, out=out, version=version))
     x2, h02, _ = _inputs(6, 16, 32, 64, L=2, device="cuda", seed=3)
     x.copy_(x2)

@@ -108,7 +108,7 @@ def test_gpu_small_model_matches_reference(B):
 
 @needs_gpu
 def test_gpu_greedy_replays_from_a_cuda_graph():
-    from lab.bench import capture_graph
+    from lab.timing import capture_graph
     cfg = s2s.Config()
     model, lab = _pair(cfg, "cuda")
     src = s2s.random_src(cfg, 8, "cuda")

@@ -31,6 +31,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import build
 from ..registry import Family, Op, Version, register, version_number
+from ..timing import time_cuda
 from ._common import elem_size, randn, strict_fp32
 
 FAMILY = "kron"
@@ -281,7 +282,6 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
          budget_ms: float = 40.0) -> list[dict]:
     """Time v4 for every (configuration, slice width) that fits and v3 for every configuration, against the automatic
     choice: rows (version, cfg, c, slices, blocks_per_sm, smem_bytes, median_us, auto)."""
-    from ..bench import time_cuda
     sizes = parse_factors(sizes)
     g = torch.Generator().manual_seed(0)
     x, *fs = make_forward_inputs({"batch": batch, "factors": factors_label(sizes)}, dtype, torch.device(device), g)

@@ -38,7 +38,9 @@ from typing import Any, Callable, Iterable
 import torch
 
 from .. import build, env, results
+from ..ceilings import ceilings, ceilings_cached
 from ..registry import Family, Op, Version, register, version_number
+from ..timing import time_cuda
 from ._common import elem_size
 
 FAMILY = "optim"
@@ -464,7 +466,6 @@ def bench_param_list(op: str, shapes: list[tuple[int, ...]], device, record: boo
     """Time one AdamW step over the parameter list `shapes` (fp32) for every variant: torch's for-loop, foreach and
     fused, torch.compile of the step, and v1..v4 (CUDA-graph replays of v4 and torch's capturable fused too).
     Rows: GB/s = 28·numel / time. The compile time of torch.compile is its own row ('[compile]', mode 'wall')."""
-    from ..bench import ceilings, time_cuda
     device = torch.device(device)
     if device.type != "cuda":
         print(f"[lab] optim {op}: the optimizer-step benchmarks run on CUDA only; skipped on the CPU")
@@ -517,7 +518,6 @@ def bench_param_list(op: str, shapes: list[tuple[int, ...]], device, record: boo
 def _compiled_step(op, params, sizes, nbytes, copy, device, record_row) -> list[dict]:
     """torch.compile of torch.optim.AdamW(foreach=True).step — vertical fusion by Inductor (the recipe 'Compiling
     the optimizer'); compile time with Inductor's caches off, as its own row."""
-    from ..bench import time_cuda
     import torch._dynamo
     import torch._inductor.config as inductor_config
     torch._dynamo.reset()
@@ -577,7 +577,6 @@ def plot_steps(rows: list[dict] | None = None, path: Path | str | None = None, d
     ops = [o for o in ("gpt2_small", "many_small") if any(r["op"] == o for r in rows)]
     if not ops:
         return None
-    from ..bench import ceilings_cached
     fig, axes = plt.subplots(2, len(ops), figsize=(6.5 * len(ops), 7.5), squeeze=False)
     for j, op in enumerate(ops):
         sel = [r for r in rows if r["op"] == op]

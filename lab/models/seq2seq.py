@@ -30,8 +30,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import registry
+from .. import profile, registry, results
 from ..kernels import gru as kgru
+from ..plot import save_figure
+from ..timing import time_fn
 
 
 @dataclass(frozen=True)
@@ -250,7 +252,6 @@ class LabSeq2Seq:
 # Benchmarks (the gru family's extras) and the profile breakdown
 # =================================================================================================================
 def _row(op: str, version: str, batch: int, t, base_us: float | None, device, note: str) -> dict:
-    from .. import results
     return {"family": "gru", "op": op, "version": version, "shape": f"batch={batch}", "size": batch,
             "dtype": "float32", "precision": "float32", "mode": t.mode, "median_us": t.median_us, "p20_us": t.p20_us,
             "p80_us": t.p80_us, "reps": t.reps, "gbps": None, "tflops": None, "pct_copy_bw": None, "pct_peak": None,
@@ -261,7 +262,6 @@ def _row(op: str, version: str, batch: int, t, base_us: float | None, device, no
 def _bench(name: str, fns: dict, batch: int, device, note: str, flush: bool) -> list[dict]:
     """Time each fn eagerly and (on the GPU) replayed from a CUDA graph; speedups against the reference in the
     same launch mode."""
-    from ..bench import time_fn
     dev = torch.device(device)
     modes = [False, True] if dev.type == "cuda" else [False]
     rows = []
@@ -305,7 +305,6 @@ def bench_decoder_step(device, record: bool = True, quick: bool = False, cfg: Co
                                             "lab": lambda: lab.step(st, tokens=tokens)}, B, device,
                            "fp32 without TF32; L2 warm; lab: per-sentence context terms precomputed", flush=False)
     if record and rows:
-        from .. import results
         results.append(rows)
     return rows
 
@@ -322,7 +321,6 @@ def bench_greedy_decode(device, record: bool = True, quick: bool = False, cfg: C
                                              "lab": lambda: lab.greedy(src)}, B, device,
                            f"fp32 without TF32; src_len {cfg.src_len}, {cfg.max_len} tokens; L2 flushed", flush=True)
     if record and rows:
-        from .. import results
         results.append(rows)
     return rows
 
@@ -345,7 +343,6 @@ def phases(model: Seq2Seq, lab: LabSeq2Seq, batch: int, device) -> dict[str, tup
 def profile_breakdown(device, batch: int = 128, cfg: Config = Config(), reps: int = 3) -> dict[str, dict]:
     """Self device time per operator (us per call, torch.profiler) for each phase, reference ('before') and lab
     ('after'): {phase: {"before": {op: us}, "after": {op: us}}}. CPU time on a machine without a GPU."""
-    from .. import profile
     dev = torch.device(device)
     model = build_model(cfg, dev)
     lab = LabSeq2Seq.from_model(model)
@@ -382,7 +379,6 @@ def plot_breakdown(breakdown: dict[str, dict], title: str = "", top: int = 8, na
             ax.set_xlabel("self time per call (us)", fontsize=8)
     fig.suptitle(title or "seq2seq: time per operator, before and after", fontsize=11)
     fig.tight_layout()
-    from ..plot import save_figure
     return save_figure(fig, name, dpi=120)
 
 
