@@ -5,15 +5,19 @@
 // embedding_forward(idx, weight, out, ...) gathers rows; embedding_backward(grad_out, idx, num_embeddings, ...,
 // grad_weight, ...) is the dense weight gradient. Both write into outputs the caller allocated (the lab poisons them
 // before a check). padding_idx: has_padding = false means none (padding_idx=None in torch); else padding_idx counts
-// from the end when negative, as torch's. version: 0 = the C++ CPU code (CPU tensors), 1..2 = the CUDA versions.
-// check_indices: every index is checked to lie in [0, num_embeddings) before a launch — on the CPU by a loop over
-// them, on CUDA by at::aminmax and a copy of two numbers to the host (a reduction and a synchronisation: the price of
-// a ValueError instead of garbage; the kernels never read out of bounds either way, see embedding.cuh).
+// from the end when negative, as torch's. version: 0 = the C++ CPU code (CPU tensors), 1..4 (forward) or 1..3
+// (backward) = the CUDA versions.
+// check_indices: every index is checked to lie in [0, num_embeddings) — on the CPU by a loop over them before the
+// work; on CUDA, v1/v2 by at::aminmax and a copy of two numbers to the host before the launch, forward v3/v4 by the
+// kernel itself (it records the first bad position; one 8-byte copy after it), backward v3 by reading the two ends of
+// the sorted indices it makes anyway. Each CUDA check is a synchronisation: the price of a ValueError instead of NaN
+// rows. Under CUDA-graph capture there is no check (a capture cannot copy to the host); the kernels never read out of
+// bounds either way (embedding.cuh).
 #include "lab_common.h"
 
 namespace {
 
-constexpr int64_t kMaxVersion = 2;
+constexpr int64_t kMaxForward = 4, kMaxBackward = 3;
 
 const char* idx_suffix(const at::Tensor& idx) { return idx.scalar_type() == at::kInt ? "i32" : "i64"; }
 
@@ -27,6 +31,26 @@ using BwdV1Cuda = cudaError_t (*)(const void* grad_out, const void* idx, void* g
 using BwdV2Cuda = cudaError_t (*)(const void* grad_out, const int64_t* sorted, const int64_t* perm,
                                   void* grad_weight, int64_t tokens, int64_t dim, int64_t num_embeddings,
                                   int64_t padding_idx, cudaStream_t stream);
+using FwdV3Cuda = cudaError_t (*)(const void* idx, const void* weight, void* out, int64_t tokens, int64_t dim,
+                                  int64_t num_embeddings, unsigned long long* bad_pos, cudaStream_t stream);
+using BwdV3Cuda = cudaError_t (*)(const void* grad_out, const int64_t* sorted, const int64_t* perm,
+                                  void* grad_weight, int64_t tokens, int64_t dim, int64_t num_embeddings,
+                                  int64_t padding_idx, void* workspace, cudaStream_t stream);
+using BwdV3Workspace = int64_t (*)(int64_t tokens, int64_t dim, int64_t num_embeddings);
+
+// Under CUDA-graph capture a check cannot copy to the host (and would not run at replay anyway): the kernels then
+// only guarantee what they do without a check (NaN rows for bad indices, never an out-of-bounds read).
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  LAB_CUDA_CHECK(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// v1's and v2's stable sort of the indices (int64) into (sorted, perm): equal indices in runs, in token order.
+std::pair<at::Tensor, at::Tensor> sort_indices(const at::Tensor& idx) {
+  auto sp = at::sort(idx.reshape({-1}).to(at::kLong), /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  return {std::get<0>(sp).contiguous(), std::get<1>(sp).contiguous()};
+}
 #endif
 // The CPU launchers (cpp_src/embedding/cpu.cpp).
 using FwdCpu = void (*)(const void* idx, const void* weight, void* out, int64_t tokens, int64_t dim,
@@ -41,14 +65,18 @@ void check_idx(const at::Tensor& idx) {
   lab::check_contiguous(idx, "idx");
 }
 
+void raise_bad_index(int64_t position, int64_t value, int64_t num_embeddings, const char* op) {
+  LAB_CHECK_VALUE(false, op, ": index out of range: idx.flatten()[", position, "] = ", value,
+                  ", but indices must be in [0, num_embeddings) = [0, ", num_embeddings, ")",
+                  value < 0 ? " (a negative index does not count from the end here, as in torch)" : "");
+}
+
 // Every index in [0, num_embeddings): a ValueError naming the first bad one (CPU) or the smallest / largest (CUDA).
 template <class I>
 void check_range_cpu(const I* p, int64_t n, int64_t num_embeddings, const char* op) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t v = int64_t(p[i]);
-    LAB_CHECK_VALUE(v >= 0 && v < num_embeddings, op, ": index out of range: idx.flatten()[", i, "] = ", v,
-                    ", but indices must be in [0, num_embeddings) = [0, ", num_embeddings, ")",
-                    v < 0 ? " (a negative index does not count from the end here, as in torch)" : "");
+    if (v < 0 || v >= num_embeddings) raise_bad_index(i, v, num_embeddings, op);
   }
 }
 
@@ -100,21 +128,38 @@ at::Tensor embedding_forward(const at::Tensor& idx, const at::Tensor& weight, at
   resolve_padding(has_padding, padding_idx, V, op);  // the forward gathers the padding row too: checked, not used
   const auto shape = out_shape(idx, D);
   lab::check_out(out, "out", weight, shape, "idx.shape + (dim,)");
-  lab::check_version(weight, "weight", version, 1, kMaxVersion, op);
-  if (check_indices) check_range(idx, V, op);
+  lab::check_version(weight, "weight", version, 1, kMaxForward, op);
 
   const std::string types = lab::cat(lab::dtype_suffix(weight.scalar_type()), "_", idx_suffix(idx));
   if (weight.is_cuda()) {
 #ifdef LAB_WITH_CUDA
     c10::cuda::CUDAGuard guard(weight.device());
-    auto fn = lab::launcher<FwdCuda>(lab::cat("embedding_fwd_v", version, "_", types));
-    LAB_CUDA_CHECK(fn(idx.data_ptr(), weight.data_ptr(), out.data_ptr(), T, D, V, LAB_STREAM()),
+    const cudaStream_t stream = LAB_STREAM();
+    const bool check = check_indices && !capturing(stream);
+    if (version < 3) {  // v1, v2: a reduction over idx and a copy of its min and max to the host, before the launch
+      if (check) check_range(idx, V, op);
+      auto fn = lab::launcher<FwdCuda>(lab::cat("embedding_fwd_v", version, "_", types));
+      LAB_CUDA_CHECK(fn(idx.data_ptr(), weight.data_ptr(), out.data_ptr(), T, D, V, stream),
+                     "embedding forward kernel");
+      return out;
+    }
+    // v3, v4: the kernel records the first bad position in one word (set to all ones first); one 8-byte read after it
+    at::Tensor bad = at::empty({1}, idx.options().dtype(at::kLong));
+    LAB_CUDA_CHECK(cudaMemsetAsync(bad.data_ptr(), 0xff, sizeof(int64_t), stream), "cudaMemsetAsync");
+    auto fn = lab::launcher<FwdV3Cuda>(lab::cat("embedding_fwd_v", version, "_", types));
+    LAB_CUDA_CHECK(fn(idx.data_ptr(), weight.data_ptr(), out.data_ptr(), T, D, V,
+                      reinterpret_cast<unsigned long long*>(bad.data_ptr()), stream),
                    "embedding forward kernel");
+    if (check) {
+      const int64_t pos = bad.item<int64_t>();  // syncs; all ones (-1 as int64) = no bad index
+      if (pos >= 0) raise_bad_index(pos, idx.reshape({-1})[pos].item<int64_t>(), V, op);
+    }
 #else
     LAB_NO_CUDA_BUILD(op);
 #endif
     return out;
   }
+  if (check_indices) check_range(idx, V, op);
   lab::launcher<FwdCpu>(lab::cat("embedding_fwd_cpu_", types))(idx.data_ptr(), weight.data_ptr(), out.data_ptr(), T,
                                                                 D, V);
   return out;
@@ -135,30 +180,54 @@ at::Tensor embedding_backward(const at::Tensor& grad_out, const at::Tensor& idx,
   const int64_t V = num_embeddings, D = grad_out.size(-1), T = idx.numel();
   const int64_t pad = resolve_padding(has_padding, padding_idx, V, op);
   lab::check_out(grad_weight, "grad_weight", grad_out, {V, D}, "(num_embeddings, dim)");
-  lab::check_version(grad_out, "grad_out", version, 1, kMaxVersion, op);
-  if (check_indices) check_range(idx, V, op);
+  lab::check_version(grad_out, "grad_out", version, 1, kMaxBackward, op);
+  if (check_indices && !grad_out.is_cuda()) check_range(idx, V, op);
 
   const char* dt = lab::dtype_suffix(grad_out.scalar_type());
   if (grad_out.is_cuda()) {
 #ifdef LAB_WITH_CUDA
     c10::cuda::CUDAGuard guard(grad_out.device());
+    const cudaStream_t stream = LAB_STREAM();
+    const bool check = check_indices && !capturing(stream);
+    if (check && version < 3) check_range(idx, V, op);
     if (version == 1) {
       // bf16 adds into an fp32 buffer (embedding.cuh); fp32 and fp64 add into grad_weight itself
       at::Tensor acc;
       if (grad_out.scalar_type() == at::kBFloat16) acc = at::empty({V, D}, grad_out.options().dtype(at::kFloat));
       auto fn = lab::launcher<BwdV1Cuda>(lab::cat("embedding_bwd_v1_", dt, "_", idx_suffix(idx)));
       LAB_CUDA_CHECK(fn(grad_out.data_ptr(), idx.data_ptr(), grad_weight.data_ptr(),
-                        acc.defined() ? acc.data_ptr() : nullptr, T, D, V, pad, LAB_STREAM()),
+                        acc.defined() ? acc.data_ptr() : nullptr, T, D, V, pad, stream),
                      "embedding backward v1 kernel");
-    } else {
+    } else if (version == 2) {
       // v2: equal indices in runs, in token order (a stable sort), for the deterministic kernel
-      const at::Tensor flat = idx.reshape({-1}).to(at::kLong);
-      auto sp = at::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false);
-      const at::Tensor sorted = std::get<0>(sp).contiguous(), perm = std::get<1>(sp).contiguous();
+      const auto [sorted, perm] = sort_indices(idx);
       auto fn = lab::launcher<BwdV2Cuda>(lab::cat("embedding_bwd_v2_", dt));
       LAB_CUDA_CHECK(fn(grad_out.data_ptr(), sorted.data_ptr<int64_t>(), perm.data_ptr<int64_t>(),
-                        grad_weight.data_ptr(), T, D, V, pad, LAB_STREAM()),
+                        grad_weight.data_ptr(), T, D, V, pad, stream),
                      "embedding backward v2 kernel");
+    } else {
+      // v3: the same sort; its ends are the smallest and largest index, so the check reads two numbers, no reduction
+      LAB_CHECK_VALUE(D <= 128 * 65535, op, ": v3 handles dim <= ", 128 * 65535, " (one grid row of column tiles), "
+                      "got ", D, "; use version 'v1' or 'v2'");
+      LAB_CHECK_VALUE(V <= 0x7fffffff, op, ": v3 handles num_embeddings < 2^31, got ", V);
+      const auto [sorted, perm] = sort_indices(idx);
+      const int64_t bytes = lab::launcher<BwdV3Workspace>(lab::cat("embedding_bwd_v3_workspace_", dt))(T, D, V);
+      const at::Tensor workspace = at::empty({bytes}, grad_out.options().dtype(at::kByte));
+      auto fn = lab::launcher<BwdV3Cuda>(lab::cat("embedding_bwd_v3_", dt));
+      LAB_CUDA_CHECK(fn(grad_out.data_ptr(), sorted.data_ptr<int64_t>(), perm.data_ptr<int64_t>(),
+                        grad_weight.data_ptr(), T, D, V, pad, workspace.data_ptr(), stream),
+                     "embedding backward v3 kernels");
+      // after the launches: the kernels skip bad keys (they own no row), so the check's sync waits for work already
+      // queued instead of leaving the GPU idle while the host launches it
+      if (check && T > 0) {
+        const at::Tensor ends = at::stack({sorted[0], sorted[T - 1]}).cpu();  // syncs
+        const int64_t lo = ends.data_ptr<int64_t>()[0], hi = ends.data_ptr<int64_t>()[1];
+        LAB_CHECK_VALUE(lo >= 0, op, ": index out of range: idx contains ", lo, " (its smallest), but indices must be "
+                        "in [0, num_embeddings) = [0, ", V, ") (a negative index does not count from the end here, "
+                        "as in torch)");
+        LAB_CHECK_VALUE(hi < V, op, ": index out of range: idx contains ", hi, " (its largest), but indices must be in "
+                        "[0, num_embeddings) = [0, ", V, ")");
+      }
     }
 #else
     LAB_NO_CUDA_BUILD(op);

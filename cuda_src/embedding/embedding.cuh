@@ -1,6 +1,6 @@
 // embedding — nn.Embedding forward (a gather of weight rows) and backward (the dense weight gradient, a scatter-add).
-// This header holds what the units share; each version is its own unit (v1.cu, v2.cu), so an edit of one rebuilds
-// that one.
+// This header holds what the units share; each version is its own unit (v1.cu, v2.cu, v3.cu), so an edit of one
+// rebuilds that one.
 //
 // What it computes. idx: integer indices of any shape, T = idx.numel() tokens, int64 or int32; weight: (V, D) =
 // (num_embeddings, dim), fp32, bf16 or fp64.
@@ -10,9 +10,9 @@
 // (fp64 for double) and rounds each grad_weight element once (bf16: through an fp32 buffer).
 // Reference: F.embedding, and index_add_ of grad_out in float64 (lab/kernels/embedding.py).
 //
-// Bad indices. The binding checks every index is in [0, V) before a launch (a ValueError naming the index). The
-// kernels still never read outside weight: a forward row with a bad index is written as NaN, a backward row with a
-// bad index is skipped, so a caller who turned the check off (check_indices=False) gets garbage, never a fault.
+// Bad indices. The binding checks every index is in [0, V) (a ValueError naming the index; on CUDA a sync, skipped
+// under graph capture). The kernels still never read outside weight: a forward row with a bad index is written as
+// NaN, a backward row with a bad index is skipped, so a caller who turned the check off gets NaN, never a fault.
 //
 // Versions (each adds one idea to the one before):
 //   forward v1: one thread per output element: scalar load of weight[idx[t], c], scalar store. The naive one.
@@ -24,6 +24,12 @@
 //   backward v2: deterministic: the binding sorts the indices (at::sort, stable) into (sorted, perm); one warp per
 //                run of equal indices sums its rows in sorted order (= token order) and writes its row once. Bit for
 //                bit the same run to run; no atomics.
+//   forward v3:  v2 with the range check fused into the gather (the kernel records the first bad position in one
+//                word: the binding's check is an 8-byte read after the kernel, not a reduction and a read before it).
+//   backward v3: row-centric: CSR offsets of the sorted indices; one block per (row, column tile) writes each
+//                grad_weight element once (no memset; rows no token hits get their 0 there); runs longer than 64
+//                tokens are cut at fixed boundaries of the sorted order, each piece summed by its own block, the
+//                pieces added in order by the row's block. Deterministic, and no warp sums a hot row alone.
 //
 // Napkin math (H100 SXM datasheet: 3.35 TB/s HBM3, 132 SMs, 50 MB L2), the bench shape T = 65536 tokens, D = 1024,
 // V = 50257, fp32:
@@ -35,22 +41,23 @@
 //     v1 issues one 4-byte load + one 8-byte index load + one store per element; v2 one 16-byte load + one 16-byte
 //     store per 4 fp32 elements (8 bf16), and the index once per row.
 //   backward: read 268 MB of grad_out + write 206 MB of grad_weight (V x D x 4 B) = 474 MB -> 141 us at 3.35 TB/s.
-//     v1 and v2 as written zero grad_weight first: another 206 MB of writes (61 us) on top. v1's atomics on fp32
-//     run in L2; hot rows (Zipf) serialize on the same addresses. v2 pays a sort of 65536 keys (small) and, for a hot
-//     row, one warp summing thousands of rows alone: the long pole under Zipf indices (see "not done" below).
+//     v1 and v2 zero grad_weight first: another 206 MB of writes (61 us) on top. v1's atomics on fp32 run in L2;
+//     hot rows (Zipf) serialize on the same addresses. v2 pays a sort of 65536 keys (small) and, for a hot row, one
+//     warp summing thousands of rows alone: the long pole under Zipf indices. v3 removes both: 474 MB, each byte once.
 //
-// Not done (ideas for later versions): splitting long runs of equal indices across warps with a fixed-order second
-// pass (keeps determinism, removes v2's Zipf long pole); 16-byte vectors in the backward; skipping the memset of rows
-// that a run writes anyway.
+// Not done (ideas for later versions): a radix sort on the key's log2(V) bits only (at::sort sorts all 64); the
+// forward's check costs a synchronisation in eager mode (a graph has none).
 //
 // Units (each its own nvcc build; lab/build.py):
 //   embedding.cuh  element types, the index guard, the v1 forward kernel (v2 falls back to it) and the zeroing and
 //                  conversion helpers of the backward.
 //   v1.cu          forward v1, backward v1 (atomics).
 //   v2.cu          forward v2 (warp per row, 16-byte vectors), backward v2 (sorted, deterministic).
+//   v3.cu          forward v3 (fused check), backward v3 (row-centric, chunked long runs).
 //
-// Launchers (exported to cpp_src/embedding/embedding.cpp; names "embedding_fwd_v1_<T>_<I>", "embedding_bwd_v1_<T>_<I>",
-// "embedding_fwd_v2_<T>_<I>" with T in f32, bf16, f64 and I in i32, i64; "embedding_bwd_v2_<T>" (int64 sorted keys)):
+// Launchers (exported to cpp_src/embedding/embedding.cpp; names "embedding_fwd_v{1,2,3}_<T>_<I>", "embedding_bwd_v1_<T>_<I>"
+// with T in f32, bf16, f64 and I in i32, i64; "embedding_bwd_v{2,3}_<T>" (int64 sorted keys); v3's signatures are in
+// v3.cu: the forward takes a bad-position word, the backward a workspace sized by "embedding_bwd_v3_workspace_<T>"):
 //   forward:     cudaError_t (const void* idx, const void* weight, void* out, int64_t tokens, int64_t dim,
 //                             int64_t num_embeddings, cudaStream_t stream)
 //   backward v1: cudaError_t (const void* grad_out, const void* idx, void* grad_weight, void* acc, int64_t tokens,
@@ -107,6 +114,67 @@ cudaError_t launch_fwd_v1(const I* idx, const T* weight, T* out, int64_t tokens,
   if (total == 0) return cudaSuccess;
   embedding_fwd_v1<T, I><<<lab::grid_stride_blocks(total, kBlock), kBlock, 0, stream>>>(idx, weight, out, total, dim,
                                                                                       num_embeddings);
+  return cudaGetLastError();
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// ---------------------------------------------------------------------------------------------------------------
+// forward v3 / v4: v2's warp-per-row copy with the range check fused in. bad_pos: one word the caller set to ~0 (all
+// ones) on this stream; after the kernel it holds the smallest token position with a bad index, or stays ~0.
+// kStream (v4): the output is stored with evict-first hints (st.global.cs): nothing reads it back in this kernel, so
+// its 268 MB need not push table rows (re-read under repeated indices) out of L2.
+// ---------------------------------------------------------------------------------------------------------------
+template <class T, class I, bool kVec, bool kStream>
+__global__ void __launch_bounds__(kBlock) embedding_fwd_checked(const I* __restrict__ idx, const T* __restrict__ weight,
+                                                           T* __restrict__ out, int64_t tokens, int64_t dim,
+                                                           int64_t num_embeddings,
+                                                           unsigned long long* __restrict__ bad_pos) {
+  constexpr int kWarps = kBlock / 32, kUnroll = 4;
+  const int lane = threadIdx.x & 31;
+  auto store = [](auto* p, auto v) {
+    if constexpr (kStream) __stcs(p, v); else *p = v;
+  };
+  for (int64_t t = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); t < tokens; t += int64_t(gridDim.x) * kWarps) {
+    const I n = idx[t];
+    T* dst = out + t * dim;
+    if (!in_range(n, num_embeddings)) {
+      if (lane == 0) atomicMin(bad_pos, static_cast<unsigned long long>(t));  // the binding names the first one
+      for (int64_t c = lane; c < dim; c += 32) dst[c] = bad_row_value<T>();
+      continue;
+    }
+    const T* src = weight + int64_t(n) * dim;
+    if constexpr (kVec) {
+      const int64_t nvec = dim * int64_t(sizeof(T)) / 16;
+      const uint4* s = reinterpret_cast<const uint4*>(src);
+      uint4* d = reinterpret_cast<uint4*>(dst);
+      int64_t v = lane;
+      for (; v + 32 * (kUnroll - 1) < nvec; v += 32 * kUnroll) {
+        uint4 r[kUnroll];
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) r[k] = __ldg(s + v + 32 * k);
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) store(d + v + 32 * k, r[k]);
+      }
+      for (; v < nvec; v += 32) store(d + v, __ldg(s + v));
+    } else {
+      for (int64_t c = lane; c < dim; c += 32) store(dst + c, src[c]);
+    }
+  }
+}
+
+template <class T, class I, bool kStream>
+cudaError_t launch_fwd_checked(const I* idx, const T* weight, T* out, int64_t tokens, int64_t dim,
+                               int64_t num_embeddings, unsigned long long* bad_pos, cudaStream_t stream) {
+  if (tokens == 0 || dim == 0) return cudaSuccess;
+  const bool vec = (dim * int64_t(sizeof(T))) % 16 == 0 && aligned16(weight) && aligned16(out);
+  const unsigned blocks = lab::grid_stride_blocks(tokens, kBlock / 32, 8);
+  if (vec)
+    embedding_fwd_checked<T, I, true, kStream><<<blocks, kBlock, 0, stream>>>(idx, weight, out, tokens, dim,
+                                                                               num_embeddings, bad_pos);
+  else
+    embedding_fwd_checked<T, I, false, kStream><<<blocks, kBlock, 0, stream>>>(idx, weight, out, tokens, dim,
+                                                                                num_embeddings, bad_pos);
   return cudaGetLastError();
 }
 

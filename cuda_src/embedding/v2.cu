@@ -6,8 +6,6 @@ namespace embedding {
 
 constexpr int kWarps = kBlock / 32;  // rows (forward) or sorted positions (backward) per block
 
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 // ---------------------------------------------------------------------------------------------------------------
 // forward v2: one warp per row
 // ---------------------------------------------------------------------------------------------------------------

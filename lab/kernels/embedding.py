@@ -10,9 +10,13 @@ idx: int64 or int32 indices of any shape; weight: (num_embeddings, dim) float32,
     apply_embedding(idx, weight)                    the autograd.Function: differentiable in weight
 
 padding_idx as nn.Embedding: None (none) or a row in [-V, V) (negative counts from the end); the forward still gathers
-that row, only its gradient is zero. Every wrapper takes `version`: 'v1', 'v2' (CUDA) or 'cpu' (the C++ CPU code);
-`out` is optional. Backward versions: 'v1' adds with atomics (fast, last bits vary run to run), 'v2' sorts the indices
-and sums each row in token order (bit for bit the same every run); `deterministic=True` asks for v2.
+that row, only its gradient is zero. Every wrapper takes `version`: 'v1'..'v4' (forward) or 'v1'..'v3' (backward) on
+CUDA, or 'cpu' (the C++ CPU code); `out` is optional. Backward versions: 'v1' adds with atomics (last bits vary run to run), 'v2' and 'v3' sort the
+indices and sum each row in a fixed order (bit for bit the same every run); `deterministic=True` refuses v1.
+
+Bad indices: by default every index is checked (a ValueError naming it). On CUDA that check is a synchronisation
+(the price is measured in notebook 09); check_indices=False skips it, and under CUDA-graph capture it is skipped
+(a capture cannot copy to the host): the kernels then write NaN rows for bad indices and never read out of bounds.
 """
 from __future__ import annotations
 
@@ -55,7 +59,7 @@ def embedding(idx: torch.Tensor, weight: torch.Tensor, padding_idx: int | None =
               out: torch.Tensor | None = None, check_indices: bool = True) -> torch.Tensor:
     """weight[idx]: (*idx.shape, dim). check_indices=False skips the range check (on CUDA a reduction and a sync);
     the kernels then write NaN rows for bad indices rather than read out of bounds."""
-    version = version or ("v2" if weight.is_cuda else "cpu")
+    version = version or ("v4" if weight.is_cuda else "cpu")
     if out is None:
         out = torch.empty((*idx.shape, weight.shape[-1] if weight.dim() else 0), dtype=weight.dtype,
                           device=weight.device)
@@ -68,12 +72,12 @@ def embedding_backward(grad_out: torch.Tensor, idx: torch.Tensor, num_embeddings
                        check_indices: bool = True) -> torch.Tensor:
     """dL/dweight: (num_embeddings, dim), grad_out rows added into the rows their indices name; padding_idx's row 0.
 
-    version None picks 'cpu' for CPU tensors and, on CUDA, 'v2' (deterministic) if `deterministic` is true — or, when
-    it is None, if torch.are_deterministic_algorithms_enabled() — else 'v1' (atomics)."""
+    version None picks 'cpu' for CPU tensors and 'v3' on CUDA (both deterministic). `deterministic` true (or, when it
+    is None, torch.are_deterministic_algorithms_enabled()) refuses 'v1' (atomics)."""
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     if version is None:
-        version = "cpu" if not grad_out.is_cuda else ("v2" if deterministic else "v1")
+        version = "cpu" if not grad_out.is_cuda else "v3"   # deterministic; v1 (atomics) only when asked for
     elif deterministic and version == "v1":
         raise ValueError("embedding_backward: version 'v1' adds with atomics (not deterministic); use 'v2' or 'cpu' "
                          "with deterministic=True")
@@ -183,16 +187,21 @@ def _versions(call, ideas: dict[str, str]) -> list[Version]:
     vs = [Version("cpu", lambda *a, out=None: call(*a, out=out, version="cpu"), "cpu", ideas["cpu"])]
     for name, idea in ideas.items():
         if name != "cpu":
-            vs.append(Version(name, (lambda n: lambda *a, out=None: call(*a, out=out, version=n))(name), "cuda", idea))
+            # timed eager and replayed from a graph: eager pays the index check's sync, a graph replay cannot have one
+            vs.append(Version(name, (lambda n: lambda *a, out=None: call(*a, out=out, version=n))(name), "cuda", idea,
+                              graph=True))
     return vs
 
 
 IDEAS_FWD = {"cpu": "C++ row memcpy with at::parallel_for",
              "v1": "one thread per output element",
-             "v2": "one warp per row, 16-byte vectors"}
+             "v2": "one warp per row, 16-byte vectors",
+             "v3": "v2 with the range check fused in (one flag word, no reduction)",
+             "v4": "v3 with evict-first (streaming) stores of the output"}
 IDEAS_BWD = {"cpu": "C++, vocabulary ranges per thread, token order (deterministic)",
              "v1": "atomicAdd scatter (fp32 accumulation)",
-             "v2": "stable sort, one warp per run of equal indices (deterministic)"}
+             "v2": "stable sort, one warp per run of equal indices (deterministic)",
+             "v3": "row-centric: each row written once (no memset), long runs cut in fixed chunks (deterministic)"}
 
 
 def _bytes_fwd(s, dt):
@@ -220,7 +229,9 @@ CHECK = [
     make_shape(200, 4, 2),                                                 # 100 tokens per row
     make_shape(9, 40, 50, padding_idx=49, idx_shape=(9, 1)),
 ]
-CHECK_BWD = CHECK + [make_shape(2000, 5, 3, "zipf", padding_idx=1)]      # long runs of equal indices
+CHECK_BWD = CHECK + [make_shape(2000, 5, 3, "zipf", padding_idx=1),     # long runs of equal indices
+                     make_shape(3001, 64, 7, "zipf"),                    # v3: runs cut at chunk boundaries, vectors
+                     make_shape(5, 16, 100003)]                          # rows no token hits: v3 writes their zeros
 
 VOCAB = 50257  # GPT-2's
 BENCH = [make_shape(t, 1024, VOCAB, d) for d in ("uniform", "zipf") for t in (4096, 16384, 65536)]
@@ -230,13 +241,14 @@ DT = (torch.float32, torch.bfloat16, torch.float64)
 OPS = [
     Op(FAMILY, "forward", make_forward, embedding_ref,
        _versions(embedding, IDEAS_FWD)
-       + [Version("torch", embedding_torch, "any", "F.embedding", baseline=True, takes_out=False, check=False)],
+       + [Version("torch", embedding_torch, "any", "F.embedding", baseline=True, takes_out=False, check=False,
+                  graph=True)],
        CHECK, BENCH, CPU_BENCH, DT, nbytes=_bytes_fwd, formula=FORMULA_FWD, size_key="tokens",
        doc="out = weight[idx]"),
     Op(FAMILY, "backward", make_backward, embedding_backward_ref,
        _versions(embedding_backward, IDEAS_BWD)
        + [Version("torch", embedding_backward_torch, "any", "aten.embedding_dense_backward (autograd's)",
-                  baseline=True, takes_out=False, check=False)],
+                  baseline=True, takes_out=False, check=False, graph=True)],
        CHECK_BWD, BENCH, CPU_BENCH, DT, nbytes=_bytes_bwd, formula=FORMULA_BWD, size_key="tokens",
        doc="dense grad_weight: grad_out rows added into the rows their indices name; padding_idx's row 0"),
 ]
