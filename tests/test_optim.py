@@ -9,13 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lab import registry, verify
+from lab import build, registry, verify
 from lab.kernels import optim
+from lab.studies import optim as study
 
 from conftest import HAS_GPU, devices, needs_gpu
 
 FAM = registry.get("optim")
-needs_nvcc = pytest.mark.skipif(optim.nvcc() is None, reason="nvcc not found: the attempts are compiled with it")
+needs_nvcc = pytest.mark.skipif(build.nvcc_path() is None, reason="nvcc not found: the attempts are compiled with it")
 
 
 def _versions(device):
@@ -428,13 +429,13 @@ def test_params_on_mixed_devices_are_refused_and_untouched():
 # ---- the attempts of the notes ------------------------------------------------------------------------------------
 @needs_nvcc
 def test_std_vector_argument_does_not_compile():
-    a = optim.attempt_std_vector()
+    a = study.attempt_std_vector()
     assert not a.built and "__host__ function" in a.outcome
 
 
 @needs_nvcc
 def test_struct_by_value_stops_at_32764_bytes():
-    fits, over = optim.attempt_param_limit((2047, 2048))
+    fits, over = study.attempt_param_limit((2047, 2048))
     assert fits.built and not over.built
     assert "32764 bytes allowed" in over.outcome
     if HAS_GPU:
@@ -444,7 +445,7 @@ def test_struct_by_value_stops_at_32764_bytes():
 @needs_nvcc
 @needs_gpu
 def test_host_pointer_table_faults_and_device_table_works():
-    host, dev = optim.attempt_host_pointers()
+    host, dev = study.attempt_host_pointers()
     assert "error=cudaSuccess" in dev.outcome and "values_ok=yes" in dev.outcome
     # without HMM/ATS the GPU cannot read pageable host memory: the first load through the table faults
     assert "cudaErrorIllegalAddress" in host.outcome or "pageable_memory_access=1" in host.outcome

@@ -207,6 +207,6 @@ OPS = [
 ]
 
 
-# The seq2seq benchmarks (decoder_step, greedy_decode) are extras of this family; lab/models/seq2seq.py attaches them.
+# The seq2seq benchmarks (decoder_step, greedy_decode) are extras of this family; lab/studies/seq2seq.py attaches them.
 register(Family(FAMILY, "GRU: nn.GRU forward (C++ CPU, per-step, hoisted, persistent) and the seq2seq model", OPS,
                 notebook="notebooks/03_gru.ipynb"))

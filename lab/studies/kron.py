@@ -1,0 +1,154 @@
+"""python -m lab.kron [--dtype {f,d}] batch_size factor [factor ...] {check,profile,bench}
+
+kron's study: the original study's driver, on the lab's spine (the layer itself: lab/kernels/kron.py; the command
+`python -m lab.kron` runs main() here through lab/kron.py). Factors are listed as
+f_1 … f_K: `32 128 64` is a batch of 32 through W_2 ⊗ W_1 with W_1 128×128 (the fastest axis) and W_2 64×64.
+
+  check     two stacked layers, forward and backward, with every implementation: the norm of each output (y), input
+            gradient (g) and factor gradients (gW), then each pair's agreement, `torch_y == v1_y: True (3.1e-08)`, where
+            the number is the relative error ||a - b|| / ||b|| and True means within the lab's tolerance for the dtype
+  profile   --implementation NAME: torch.profiler table of one forward + backward of the two layers, and a Chrome
+            trace under results/traces/ (open in chrome://tracing or ui.perfetto.dev)
+  bench     the state size, the arithmetic intensity, and a torch.utils.benchmark.Compare table, one column per
+            implementation, forward and forward + backward, in microseconds (CUDA events, L2 flushed per run)
+
+Implementations: the family's PyTorch baselines (the one that builds the N×N matrix only for N <= 16384), then its
+kernels: cpu (C++) and the CUDA versions (lab.kernels.kron.TORCH_VERSIONS and KERNELS).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import torch
+from torch.utils.benchmark.utils.common import Measurement, TaskSpec
+
+from .. import env, profile, verify
+from ..kernels import kron as K
+from ..timing import time_fn
+
+FULL_MAX_N = 16384  # the full matrix is 4·N² bytes (1 GiB at N = 16384)
+
+
+def implementations(device: torch.device, n: int, for_timing: bool = False) -> list[str]:
+    """The baselines (the full-matrix one only up to FULL_MAX_N), then the kernels that run on `device` (and the C++
+    version beside the CUDA ones when checking)."""
+    out = [v for v in K.TORCH_VERSIONS if n <= FULL_MAX_N or K.PYTORCH[v] is not K.kron_full]
+    if device.type == "cuda":
+        out += _cuda_kernels() + ([] if for_timing else ["cpu"])
+    else:
+        out += ["cpu"]
+    return out
+
+
+def _cuda_kernels() -> list[str]:
+    return [v for v in K.KERNELS if v != "cpu"]
+
+
+def _layers(batch: int, sizes: tuple[int, ...], dtype, device, seed: int = 0):
+    """x, dL/dy and the factors of two stacked layers (the same factorisation)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = {"batch": batch, "factors": K.factors_label(sizes)}
+    x, gy, *a = K.make_train_inputs(shape, dtype, device, g)
+    _, *b = K.make_forward_inputs(shape, dtype, device, g)
+    return x, gy, a, b
+
+
+def two_layers(version: str, x, gy, a, b):
+    """y = layer_b(layer_a(x)) and its gradients: (y, dL/dx, [dL/dW for a's factors, then b's])."""
+    with torch.enable_grad():
+        xr = x.detach().requires_grad_()
+        ar = [w.detach().requires_grad_() for w in a]
+        br = [w.detach().requires_grad_() for w in b]
+        y = K.kron(K.kron(xr, ar, version), br, version)
+        grads = torch.autograd.grad(y, [xr, *ar, *br], gy)
+    return y.detach(), grads[0], list(grads[1:])
+
+
+def cmd_check(args, sizes, dtype, device) -> int:
+    n = math.prod(sizes)
+    x, gy, a, b = _layers(args.batch_size, sizes, dtype, device)
+    res = {}
+    for v in implementations(device, n):
+        inputs = (x, gy, a, b) if v != "cpu" else (x.cpu(), gy.cpu(), [w.cpu() for w in a], [w.cpu() for w in b])
+        y, g, gw = two_layers(v, *inputs)
+        res[v] = {"y": y.double().cpu(), "g": g.double().cpu(), "gW": torch.cat([t.flatten() for t in gw]).double().cpu()}
+    for v, r in res.items():
+        for key, t in r.items():
+            print(f"||{v}_{key}|| = {torch.linalg.vector_norm(t).item()!r}")
+    tol = verify.tolerance(dtype)
+    names = list(res)
+    bad = 0
+    for i, v in enumerate(names):
+        for w in names[i + 1:]:
+            for key in ("y", "g", "gW"):
+                c = verify.compare(res[w][key], res[v][key])
+                ok = c.rel_err <= tol
+                bad += not ok
+                print(f"{v}_{key} == {w}_{key}: {ok} ({c.rel_err:.1e})")
+    print(f"(relative error ||a - b|| / ||b||; True: <= {tol:.0e}, the lab's {verify.dtype_name(dtype)} tolerance)")
+    return 1 if bad else 0
+
+
+def cmd_profile(args, sizes, dtype, device) -> int:
+    v = args.implementation or (_cuda_kernels()[-1] if device.type == "cuda" else "cpu")
+    if v not in implementations(device, math.prod(sizes)) or (v == "cpu" and device.type == "cuda"):
+        sys.exit(f"--implementation {v} does not run here; choose from "
+                 f"{', '.join(implementations(device, math.prod(sizes), for_timing=True))}")
+    x, gy, a, b = _layers(args.batch_size, sizes, dtype, device)
+    name = f"kron_{v}_{args.batch_size}x{K.factors_label(sizes)}_{verify.dtype_name(dtype)}_{device.type}"
+    table, trace = profile.profile(lambda: two_layers(v, x, gy, a, b), name, device.type)
+    print(table)
+    print(f"trace: {trace}")
+    return 0
+
+
+def cmd_bench(args, sizes, dtype, device) -> int:
+    n = math.prod(sizes)
+    print(f"state size : {n}")
+    print(f"AI         : {K.intensity(args.batch_size, sizes, dtype):.1e} FLOP/byte (forward: 2·B·N·Σf FLOP over "
+          f"(2·B·N + Σf²)·{K.elem_size(dtype)} bytes)")
+    x, gy, a, b = _layers(args.batch_size, sizes, dtype, device)
+    flops = 2.0 * args.batch_size * n * sum(sizes)
+    label = " x ".join(str(s) for s in (args.batch_size, *sizes))
+    ms = []
+    for v in implementations(device, n, for_timing=True):
+        for what, fn in (("forward", lambda v=v: K.kron(x, a, v)),
+                         ("forward + backward", lambda v=v: two_layers(v, x, gy, a, b))):
+            t = time_fn(fn, device)
+            spec = TaskSpec(stmt=what, setup="", label=f"kron {verify.dtype_name(dtype)} on {env.device_name(device)}",
+                            sub_label=f"{label} {what} ({flops * (1 if what == 'forward' else 6):.3e} FLOP)",
+                            description=v, num_threads=1)
+            ms.append(Measurement(number_per_run=1, raw_times=[t.median_us * 1e-6], task_spec=spec))
+    cmp = torch.utils.benchmark.Compare(ms)
+    cmp.trim_significant_figures()
+    print(cmp)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.kron", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", choices=["f", "d"], default="f", help="f: float32, d: float64")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when a GPU is visible")
+    p.add_argument("batch_size", type=int)
+    p.add_argument("factor", type=int, nargs="+")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("check", help="norms and pairwise agreement of every implementation")
+    sp = sub.add_parser("profile", help="profiler table and Chrome trace of one implementation")
+    sp.add_argument("--implementation", help=", ".join(K.TORCH_VERSIONS + K.KERNELS))
+    sub.add_parser("bench", help="state size, arithmetic intensity, Compare table")
+    args = p.parse_args(argv)
+    dtype = {"f": torch.float32, "d": torch.float64}[args.dtype]
+    device = torch.device(args.device or env.default_device())
+    if device.type == "cuda" and not env.has_gpu():
+        sys.exit("no GPU is visible (torch.cuda.is_available() is False); use --device cpu")
+    if args.batch_size < 1:
+        sys.exit(f"batch_size must be >= 1, got {args.batch_size}")
+    sizes = K.parse_factors(args.factor)
+    return {"check": cmd_check, "profile": cmd_profile, "bench": cmd_bench}[args.cmd](args, sizes, dtype, device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

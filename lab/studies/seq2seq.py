@@ -1,0 +1,162 @@
+"""The seq2seq model's study (the model: lab/models/seq2seq.py): its end-to-end benchmarks, extras of the gru family,
+and the before/after profile of notebooks/04_seq2seq.ipynb.
+
+    bench_decoder_step    one decoder step, reference (embedding, 2 cats, cuDNN GRU, Linear) against the lab's
+    bench_greedy_decode   greedy decoding of 30 tokens end to end, encoder included
+                          (`python -m lab bench gru --extra decoder_step`, the report)
+    profile_breakdown     self device time per operator, reference ('before') and lab ('after'), per phase
+    plot_breakdown        its figure, results/<device>/plots/gru_seq2seq_profile.png
+
+Both benchmarks are timed like every other row: the L2 flushed before each repetition, eager and replayed from a
+CUDA graph (the flush runs between replays, outside the graph), speedups against the reference in the same mode.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+
+from .. import profile, registry, results
+from ..kernels import gru as kgru
+from ..models.seq2seq import Config, LabSeq2Seq, Seq2Seq, build_model, random_src
+from ..plot import save_figure   # (lab.plot picks matplotlib's backend: Agg outside a notebook)
+from ..timing import time_fn
+
+
+# =================================================================================================================
+# Benchmarks (the gru family's extras)
+# =================================================================================================================
+def _row(op: str, version: str, batch: int, t, base_us: float | None, device, note: str) -> dict:
+    return {"family": kgru.FAMILY, "op": op, "version": version, "shape": f"batch={batch}", "size": batch,
+            "dtype": "float32", "precision": "float32", "mode": t.mode, "median_us": t.median_us, "p20_us": t.p20_us,
+            "p80_us": t.p80_us, "reps": t.reps, "gbps": None, "tflops": None, "pct_copy_bw": None, "pct_peak": None,
+            "baseline": f"reference ({t.mode})" if base_us else None,
+            "speedup": base_us / t.median_us if base_us else None, "note": note, **results.stamp(device)}
+
+
+def _bench(name: str, fns: dict, batch: int, device, note: str) -> list[dict]:
+    """Time each fn eagerly and (on the GPU) replayed from a CUDA graph, the L2 flushed before every repetition;
+    speedups against the reference in the same launch mode."""
+    dev = torch.device(device)
+    modes = [False, True] if dev.type == "cuda" else [False]
+    rows = []
+    for graph in modes:
+        base = None
+        for version, fn in fns.items():
+            try:
+                with kgru.precision(tf32=False):
+                    t = time_fn(fn, dev, graph=graph)
+            except RuntimeError as e:  # e.g. a launch that cannot be captured: say so, keep going
+                print(f"[lab] {name} {version} batch={batch} ({'graph' if graph else 'eager'}) failed: {e}",
+                      flush=True)
+                continue
+            if version == "reference":
+                base = t.median_us
+            rows.append(_row(name, version, batch, t, base, dev, note + "; speedup vs reference in the same mode"))
+            print(f"[lab] gru.{name} {version:<10} batch={batch:<4} {t.median_us:10.2f} us ({t.mode})", flush=True)
+    return rows
+
+
+def _batches(device, quick: bool) -> tuple[int, ...]:
+    return (1, 128) if torch.device(device).type == "cuda" else (1,)
+
+
+def bench_decoder_step(device, record: bool = True, quick: bool = False, cfg: Config = Config()) -> list[dict]:
+    """One decoder step, reference (embedding, 2 cats, cuDNN GRU, Linear) against the lab's (4 launches, the
+    context's shares precomputed once per sentence). L2 flushed before each repetition, like every other row: the
+    step's weights (fc_out's 18 MB, W_hh's 3 MB) come from HBM, where a decoding loop would find them in L2."""
+    rows = []
+    for B in _batches(device, quick):
+        model = build_model(cfg, device)
+        lab = LabSeq2Seq.from_model(model)
+        g = torch.Generator().manual_seed(B)
+        tokens = torch.randint(0, cfg.tgt_vocab, (B,), generator=g).to(device)
+        hidden = (torch.randn(1, B, cfg.hidden, generator=g) * 0.5).to(device)
+        context = (torch.randn(1, B, cfg.hidden, generator=g) * 0.5).to(device)
+        with kgru.precision(tf32=False):
+            st = lab.start(context[0])
+        st.h.copy_(hidden[0])
+        with torch.no_grad():
+            rows += _bench("decoder_step", {"reference": lambda: model.decoder(tokens, hidden, context),
+                                            "lab": lambda: lab.step(st, tokens=tokens)}, B, device,
+                           "fp32 without TF32; L2 flushed; lab: per-sentence context terms precomputed")
+    if record and rows:
+        results.append(rows)
+    return rows
+
+
+def bench_greedy_decode(device, record: bool = True, quick: bool = False, cfg: Config = Config()) -> list[dict]:
+    """Greedy decoding of 30 tokens end to end (encoder included), reference against the lab model."""
+    rows = []
+    for B in _batches(device, quick):
+        model = build_model(cfg, device)
+        lab = LabSeq2Seq.from_model(model)
+        src = random_src(cfg, B, device)
+        with torch.no_grad():
+            rows += _bench("greedy_decode", {"reference": lambda: model.greedy(src),
+                                             "lab": lambda: lab.greedy(src)}, B, device,
+                           f"fp32 without TF32; src_len {cfg.src_len}, {cfg.max_len} tokens; L2 flushed")
+    if record and rows:
+        results.append(rows)
+    return rows
+
+
+# =================================================================================================================
+# The profile breakdown (notebooks/04_seq2seq.ipynb, section 5)
+# =================================================================================================================
+def phases(model: Seq2Seq, lab: LabSeq2Seq, batch: int, device) -> dict[str, tuple]:
+    """(reference fn, lab fn) for the encoder, one decoder step and a greedy decode, on random inputs."""
+    cfg = model.cfg
+    src = random_src(cfg, batch, device)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.tgt_vocab, (batch,), generator=g).to(device)
+    hidden = (torch.randn(1, batch, cfg.hidden, generator=g) * 0.5).to(device)
+    st = lab.start(hidden[0])
+    return {
+        "encoder": (lambda: model.encoder(src), lambda: lab.encode(src)),
+        "decoder step": (lambda: model.decoder(tokens, hidden, hidden), lambda: lab.step(st, tokens=tokens)),
+        "greedy decode": (lambda: model.greedy(src), lambda: lab.greedy(src)),
+    }
+
+
+def profile_breakdown(device, batch: int = 128, cfg: Config = Config(), reps: int = 3) -> dict[str, dict]:
+    """Self device time per operator (us per call, torch.profiler) for each phase, reference ('before') and lab
+    ('after'): {phase: {"before": {op: us}, "after": {op: us}}}. CPU time on a machine without a GPU."""
+    dev = torch.device(device)
+    model = build_model(cfg, dev)
+    lab = LabSeq2Seq.from_model(model)
+    out = {}
+    with torch.no_grad(), kgru.precision(tf32=False):
+        for phase, fns in phases(model, lab, batch, dev).items():
+            out[phase] = {"before": profile.op_times(fns[0], dev.type, reps=reps),
+                          "after": profile.op_times(fns[1], dev.type, reps=reps)}
+    return out
+
+
+def plot_breakdown(breakdown: dict[str, dict], title: str = "", top: int = 8, name: str = "gru_seq2seq_profile"):
+    """Horizontal bars of time per operator, before (reference) and after (lab), one panel per phase; saved under
+    results/<device>/plots/. Operators past the top few are summed into 'other'."""
+    phases_ = list(breakdown)
+    fig, axes = plt.subplots(len(phases_), 2, figsize=(13, 3.2 * len(phases_)), squeeze=False)
+    for i, ph in enumerate(phases_):
+        for k, when in enumerate(("before", "after")):
+            ax = axes[i][k]
+            times = breakdown[ph][when]
+            items = list(times.items())[:top]
+            rest = sum(v for _, v in list(times.items())[top:])
+            if rest > 0:
+                items.append(("other", rest))
+            labels = [(n if len(n) < 48 else n[:45] + "...") for n, _ in items][::-1]
+            vals = [v for _, v in items][::-1]
+            ax.barh(labels, vals, color="0.6" if when == "before" else "C0")
+            ax.set_title(f"{ph}: {'reference' if when == 'before' else 'lab'} "
+                         f"({sum(times.values()):.0f} us of operator time)", fontsize=9)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.set_xlabel("self time per call (us)", fontsize=8)
+    fig.suptitle(title or "seq2seq: time per operator, before and after", fontsize=11)
+    fig.tight_layout()
+    return save_figure(fig, name, dpi=120)
+
+
+# The gru family's extras (`python -m lab bench gru --extra decoder_step`, the report): attached here, so neither
+# lab/kernels/gru.py nor the model depends on its benchmarks.
+registry.attach_extras(kgru.FAMILY, {"decoder_step": bench_decoder_step, "greedy_decode": bench_greedy_decode})
