@@ -120,6 +120,7 @@ class Family:
 
 _FAMILIES: dict[str, Family] = {}
 BROKEN: dict[str, str] = {}  # family modules that failed to import -> why
+BROKEN_STUDIES: dict[str, str] = {}  # study modules (lab/studies/) that failed to import -> why (their family stands)
 _discovered = False
 
 
@@ -135,35 +136,43 @@ def register(family: Family) -> Family:
 
 
 def attach_extras(family: str, extras: dict[str, Callable[..., list[dict]]]) -> None:
-    """Studies and end-to-end benchmarks that live outside the family's module (lab/models/) attach themselves to
-    the family here, so lab/kernels/ never imports lab/models/."""
+    """A study (lab/studies/<name>.py: end-to-end and one-off benchmarks) attaches its benchmarks to the family
+    here, so the family's module never imports its studies; `lab bench --extra` and the report run them."""
     if family not in _FAMILIES:
         raise KeyError(f"attach_extras: no family {family!r} registered yet")
     _FAMILIES[family].extras.update(extras)
 
 
-def _import_all(package: str, folder: Path) -> None:
+def attach_plots(family: str, plots: list[Callable[[str | None], Any]]) -> None:
+    """A study's figures, drawn from the family's recorded rows: fn(device_name) -> path or None; `lab plot` redraws
+    them with the family's own."""
+    if family not in _FAMILIES:
+        raise KeyError(f"attach_plots: no family {family!r} registered yet")
+    _FAMILIES[family].plots.extend(plots)
+
+
+def _import_all(package: str, folder: Path, broken: dict[str, str]) -> None:
     for m in sorted(pkgutil.iter_modules([str(folder)]), key=lambda m: m.name):
         if m.name.startswith("_"):
             continue
         try:
             importlib.import_module(f"{package}.{m.name}")
         except Exception as e:  # one broken module must not take the others down; say which and why
-            BROKEN[m.name] = f"{type(e).__name__}: {e}"
-            warnings.warn(f"lab: module {package.replace('.', '/')}/{m.name}.py failed to import ({BROKEN[m.name]}); "
+            broken[m.name] = f"{type(e).__name__}: {e}"
+            warnings.warn(f"lab: module {package.replace('.', '/')}/{m.name}.py failed to import ({broken[m.name]}); "
                           "it is skipped", stacklevel=3)
 
 
 def _discover() -> None:
-    """Import every family module (lab/kernels/*.py registers its family), then lab/models/*.py (models and studies
-    that attach extras to the families they use)."""
+    """Import every family module (lab/kernels/*.py registers its family), then lab/studies/*.py (the studies, which
+    attach their benchmarks and figures to the families they study; they import the models of lab/models/)."""
     global _discovered
     if _discovered:
         return
     _discovered = True
     here = Path(__file__).resolve().parent
-    _import_all(f"{__package__}.kernels", here / "kernels")
-    _import_all(f"{__package__}.models", here / "models")
+    _import_all(f"{__package__}.kernels", here / "kernels", BROKEN)
+    _import_all(f"{__package__}.studies", here / "studies", BROKEN_STUDIES)   # a study shares its family's name
 
 
 def families() -> list[Family]:
