@@ -18,8 +18,7 @@ def _fwd_versions(device):
     return ["cpu"] if device == "cpu" else ["v1", "v2", "v3", "v4"]
 
 
-def _bwd_versions(device):
-    return ["cpu"] if device == "cpu" else ["v1", "v2", "v3"]
+_bwd_versions = _fwd_versions
 
 
 def _rand(shape, dtype, device, seed):
@@ -120,7 +119,7 @@ def test_deterministic_backward_is_bit_for_bit_repeatable(dtype):
     grad, idx, V, pad = E.make_backward(s, dtype, "cuda", torch.Generator().manual_seed(8))
     bits = (lambda t: t.view(torch.int16)) if dtype == torch.bfloat16 else (lambda t: t.view(torch.int32))
     want = E.embedding_backward_ref(grad.double(), idx, V, pad)
-    for v in ("v2", "v3"):
+    for v in ("v2", "v3", "v4"):
         a = E.embedding_backward(grad, idx, V, pad, version=v)
         for _ in range(3):
             b = E.embedding_backward(grad, idx, V, pad, version=v if v == "v2" else None, deterministic=True)
@@ -148,8 +147,6 @@ def test_kernels_never_read_out_of_bounds_without_the_check():
         y = E.embedding(idx, w, version=v, check_indices=False)
         torch.cuda.synchronize()
         assert y[1].isnan().all() and y[2].isnan().all() and torch.equal(y[0], w[0]) and torch.equal(y[3], w[2])
-        if v == "v4":
-            continue  # no backward v4
         gw = E.embedding_backward(torch.ones(4, 8, device="cuda"), idx, 4, version=v, check_indices=False)
         torch.cuda.synchronize()
         assert torch.equal(gw.sum(1).cpu(), torch.tensor([8.0, 0, 8, 0]))
@@ -164,8 +161,12 @@ def test_v3_names_the_first_bad_position_and_checks_nothing_under_capture():
         with pytest.raises(ValueError, match=r"embedding: index out of range: idx.flatten\(\)\[4\] = 7, but "
                                              r"indices must be in \[0, num_embeddings\) = \[0, 6\)"):
             E.embedding(idx, w, version=v)
-    with pytest.raises(ValueError, match=r"embedding_backward: index out of range: idx contains -1 \(its smallest\)"):
-        E.embedding_backward(torch.ones(2, 3, 8, device="cuda"), idx, 6, version="v3")
+    for v in ("v3", "v4"):
+        with pytest.raises(ValueError, match=r"embedding_backward: index out of range: idx contains -1 \(its "
+                                             r"smallest\)"):
+            E.embedding_backward(torch.ones(2, 3, 8, device="cuda"), idx, 6, version=v)
+    with pytest.raises(ValueError, match=r"embedding_backward: index out of range: idx contains 7 \(its largest\)"):
+        E.embedding_backward(torch.ones(2, 3, 8, device="cuda"), idx.clamp(min=0), 6, version="v4")
     # a capture cannot copy to the host: the check is skipped there, and the replay writes NaN rows for bad indices
     good = torch.tensor([[1, 2, 3], [4, 5, 0]], device="cuda")
     out = torch.empty(2, 3, 8, device="cuda")
@@ -184,7 +185,8 @@ def test_v3_names_the_first_bad_position_and_checks_nothing_under_capture():
 
 
 @needs_gpu
-def test_v3_backward_long_runs_and_wide_rows():
+@pytest.mark.parametrize("v", ["v3", "v4"])
+def test_v3_v4_backward_long_runs_and_wide_rows(v):
     # runs far longer than v3's chunk (64 tokens), starting off chunk boundaries, a padding row inside a long run's
     # chunk, odd dims (scalar path) and a dim that needs two column tiles of vectors
     g = torch.Generator().manual_seed(13)
@@ -193,10 +195,10 @@ def test_v3_backward_long_runs_and_wide_rows():
         idx[: tokens // 3] = vocab - 1                                                       # one run of ~tokens/3
         idx = idx[torch.randperm(tokens, generator=g)].cuda()
         grad = randn((tokens, dim), torch.float32, "cuda", g)                                # (tokens, dim)
-        got = E.embedding_backward(grad, idx, vocab, pad, version="v3",
+        got = E.embedding_backward(grad, idx, vocab, pad, version=v,
                                    out=torch.full((vocab, dim), float("nan"), device="cuda"))
         verify.assert_close(got, E.embedding_backward_ref(grad.double(), idx, vocab, pad), torch.float32,
-                            what=f"v3 tokens={tokens} dim={dim} vocab={vocab}")
+                            what=f"{v} tokens={tokens} dim={dim} vocab={vocab}")
 
 
 @needs_gpu

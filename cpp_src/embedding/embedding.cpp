@@ -5,19 +5,18 @@
 // embedding_forward(idx, weight, out, ...) gathers rows; embedding_backward(grad_out, idx, num_embeddings, ...,
 // grad_weight, ...) is the dense weight gradient. Both write into outputs the caller allocated (the lab poisons them
 // before a check). padding_idx: has_padding = false means none (padding_idx=None in torch); else padding_idx counts
-// from the end when negative, as torch's. version: 0 = the C++ CPU code (CPU tensors), 1..4 (forward) or 1..3
-// (backward) = the CUDA versions.
+// from the end when negative, as torch's. version: 0 = the C++ CPU code (CPU tensors), 1..4 = the CUDA versions.
 // check_indices: every index is checked to lie in [0, num_embeddings) — on the CPU by a loop over them before the
 // work; on CUDA, v1/v2 by at::aminmax and a copy of two numbers to the host before the launch, forward v3/v4 by the
-// kernel itself (it records the first bad position; one 8-byte copy after it), backward v3 by reading the two ends of
-// the sorted indices it makes anyway. Each CUDA check is a synchronisation: the price of a ValueError instead of NaN
+// kernel itself (it records the first bad position; one 8-byte copy after it), backward v3/v4 by reading the two ends of
+// the sorted indices they make anyway. Each CUDA check is a synchronisation: the price of a ValueError instead of NaN
 // rows. Under CUDA-graph capture there is no check (a capture cannot copy to the host); the kernels never read out of
 // bounds either way (embedding.cuh).
 #include "lab_common.h"
 
 namespace {
 
-constexpr int64_t kMaxForward = 4, kMaxBackward = 3;
+constexpr int64_t kMaxForward = 4, kMaxBackward = 4;
 
 const char* idx_suffix(const at::Tensor& idx) { return idx.scalar_type() == at::kInt ? "i32" : "i64"; }
 
@@ -36,7 +35,10 @@ using FwdV3Cuda = cudaError_t (*)(const void* idx, const void* weight, void* out
 using BwdV3Cuda = cudaError_t (*)(const void* grad_out, const int64_t* sorted, const int64_t* perm,
                                   void* grad_weight, int64_t tokens, int64_t dim, int64_t num_embeddings,
                                   int64_t padding_idx, void* workspace, cudaStream_t stream);
-using BwdV3Workspace = int64_t (*)(int64_t tokens, int64_t dim, int64_t num_embeddings);
+using BwdWorkspace = int64_t (*)(int64_t tokens, int64_t dim, int64_t num_embeddings);
+using BwdV4Cuda = cudaError_t (*)(const void* grad_out, const void* idx, void* grad_weight, int64_t tokens,
+                                  int64_t dim, int64_t num_embeddings, int64_t padding_idx, void* workspace,
+                                  int64_t* ends, cudaStream_t stream);
 
 // Under CUDA-graph capture a check cannot copy to the host (and would not run at replay anyway): the kernels then
 // only guarantee what they do without a check (NaN rows for bad indices, never an out-of-bounds read).
@@ -205,13 +207,13 @@ at::Tensor embedding_backward(const at::Tensor& grad_out, const at::Tensor& idx,
       LAB_CUDA_CHECK(fn(grad_out.data_ptr(), sorted.data_ptr<int64_t>(), perm.data_ptr<int64_t>(),
                         grad_weight.data_ptr(), T, D, V, pad, stream),
                      "embedding backward v2 kernel");
-    } else {
+    } else if (version == 3) {
       // v3: the same sort; its ends are the smallest and largest index, so the check reads two numbers, no reduction
       LAB_CHECK_VALUE(D <= 128 * 65535, op, ": v3 handles dim <= ", 128 * 65535, " (one grid row of column tiles), "
                       "got ", D, "; use version 'v1' or 'v2'");
       LAB_CHECK_VALUE(V <= 0x7fffffff, op, ": v3 handles num_embeddings < 2^31, got ", V);
       const auto [sorted, perm] = sort_indices(idx);
-      const int64_t bytes = lab::launcher<BwdV3Workspace>(lab::cat("embedding_bwd_v3_workspace_", dt))(T, D, V);
+      const int64_t bytes = lab::launcher<BwdWorkspace>(lab::cat("embedding_bwd_v3_workspace_", dt))(T, D, V);
       const at::Tensor workspace = at::empty({bytes}, grad_out.options().dtype(at::kByte));
       auto fn = lab::launcher<BwdV3Cuda>(lab::cat("embedding_bwd_v3_", dt));
       LAB_CUDA_CHECK(fn(grad_out.data_ptr(), sorted.data_ptr<int64_t>(), perm.data_ptr<int64_t>(),
@@ -227,6 +229,23 @@ at::Tensor embedding_backward(const at::Tensor& grad_out, const at::Tensor& idx,
                         "as in torch)");
         LAB_CHECK_VALUE(hi < V, op, ": index out of range: idx contains ", hi, " (its largest), but indices must be in "
                         "[0, num_embeddings) = [0, ", V, ")");
+      }
+    } else {
+      // v4: the unit sorts 32-bit keys itself (cub, on the bits V needs) and reports the two ends of the sorted keys
+      LAB_CHECK_VALUE(D <= 128 * 65535, op, ": v4 handles dim <= ", 128 * 65535, " (one grid row of column tiles), "
+                      "got ", D, "; use version 'v1' or 'v2'");
+      LAB_CHECK_VALUE(V < 0x7fffffff && T <= 0x7fffffff, op, ": v4 sorts 32-bit keys and positions: it handles "
+                      "num_embeddings < 2^31 - 1 and fewer than 2^31 tokens, got ", V, " and ", T, "; use version 'v3'");
+      const int64_t bytes = lab::launcher<BwdWorkspace>(lab::cat("embedding_bwd_v4_workspace_", dt))(T, D, V);
+      const at::Tensor workspace = at::empty({bytes}, grad_out.options().dtype(at::kByte));
+      const at::Tensor ends = at::empty({2}, grad_out.options().dtype(at::kLong));
+      auto fn = lab::launcher<BwdV4Cuda>(lab::cat("embedding_bwd_v4_", dt, "_", idx_suffix(idx)));
+      LAB_CUDA_CHECK(fn(grad_out.data_ptr(), idx.data_ptr(), grad_weight.data_ptr(), T, D, V, pad, workspace.data_ptr(),
+                        ends.data_ptr<int64_t>(), stream),
+                     "embedding backward v4 kernels");
+      if (check && T > 0) {  // after the launches, as v3; a bad end names the real smallest/largest index
+        const at::Tensor e = ends.cpu();  // syncs
+        if (e.data_ptr<int64_t>()[0] < 0 || e.data_ptr<int64_t>()[1] >= V) check_range(idx, V, op);
       }
     }
 #else

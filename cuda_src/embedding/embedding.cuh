@@ -1,6 +1,6 @@
 // embedding — nn.Embedding forward (a gather of weight rows) and backward (the dense weight gradient, a scatter-add).
-// This header holds what the units share; each version is its own unit (v1.cu, v2.cu, v3.cu), so an edit of one
-// rebuilds that one.
+// This header holds what the units share; each version is its own unit (v1.cu .. v4.cu), so an edit of one
+// rebuilds that one; rows.cuh holds the row-centric backward kernels v3 and v4 share.
 //
 // What it computes. idx: integer indices of any shape, T = idx.numel() tokens, int64 or int32; weight: (V, D) =
 // (num_embeddings, dim), fp32, bf16 or fp64.
@@ -30,6 +30,9 @@
 //                grad_weight element once (no memset; rows no token hits get their 0 there); runs longer than 64
 //                tokens are cut at fixed boundaries of the sorted order, each piece summed by its own block, the
 //                pieces added in order by the row's block. Deterministic, and no warp sums a hot row alone.
+//   forward v4:  v3 with evict-first (streaming) stores of the output.
+//   backward v4: v3 with its own radix sort (cub) of 32-bit keys on the log2(V) bits they use and 32-bit positions,
+//                instead of at::sort's 64-bit keys on all 64 bits.
 //
 // Napkin math (H100 SXM datasheet: 3.35 TB/s HBM3, 132 SMs, 50 MB L2), the bench shape T = 65536 tokens, D = 1024,
 // V = 50257, fp32:
@@ -45,15 +48,18 @@
 //     hot rows (Zipf) serialize on the same addresses. v2 pays a sort of 65536 keys (small) and, for a hot row, one
 //     warp summing thousands of rows alone: the long pole under Zipf indices. v3 removes both: 474 MB, each byte once.
 //
-// Not done (ideas for later versions): a radix sort on the key's log2(V) bits only (at::sort sorts all 64); the
-// forward's check costs a synchronisation in eager mode (a graph has none).
+// Not done (ideas for later versions): the eager check costs a synchronisation (a graph has none); under Zipf indices
+// the row kernel's blocks are uneven (a hot row adds ~140 pieces, most rows none): a block per piece range, not per
+// row, would even them out.
 //
 // Units (each its own nvcc build; lab/build.py):
 //   embedding.cuh  element types, the index guard, the v1 forward kernel (v2 falls back to it) and the zeroing and
 //                  conversion helpers of the backward.
 //   v1.cu          forward v1, backward v1 (atomics).
 //   v2.cu          forward v2 (warp per row, 16-byte vectors), backward v2 (sorted, deterministic).
-//   v3.cu          forward v3 (fused check), backward v3 (row-centric, chunked long runs).
+//   rows.cuh       the row-centric backward kernels (CSR offsets, long-run pieces, rows) of v3 and v4.
+//   v3.cu          forward v3 (fused check), backward v3 (rows.cuh on at::sort's output).
+//   v4.cu          forward v4 (streaming stores), backward v4 (its own 32-bit radix sort, then rows.cuh).
 //
 // Launchers (exported to cpp_src/embedding/embedding.cpp; names "embedding_fwd_v{1,2,3}_<T>_<I>", "embedding_bwd_v1_<T>_<I>"
 // with T in f32, bf16, f64 and I in i32, i64; "embedding_bwd_v{2,3}_<T>" (int64 sorted keys); v3's signatures are in

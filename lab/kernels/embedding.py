@@ -10,9 +10,8 @@ idx: int64 or int32 indices of any shape; weight: (num_embeddings, dim) float32,
     apply_embedding(idx, weight)                    the autograd.Function: differentiable in weight
 
 padding_idx as nn.Embedding: None (none) or a row in [-V, V) (negative counts from the end); the forward still gathers
-that row, only its gradient is zero. Every wrapper takes `version`: 'v1'..'v4' (forward) or 'v1'..'v3' (backward) on
-CUDA, or 'cpu' (the C++ CPU code); `out` is optional. Backward versions: 'v1' adds with atomics (last bits vary run to run), 'v2' and 'v3' sort the
-indices and sum each row in a fixed order (bit for bit the same every run); `deterministic=True` refuses v1.
+that row, only its gradient is zero. Every wrapper takes `version`: 'v1'..'v4' on CUDA, or 'cpu' (the C++ CPU code); `out` is optional. Backward versions: 'v1' adds with atomics (last bits vary run to run), 'v2', 'v3' and 'v4' sort
+the indices and sum each row in a fixed order (bit for bit the same every run); `deterministic=True` refuses v1.
 
 Bad indices: by default every index is checked (a ValueError naming it). On CUDA that check is a synchronisation
 (the price is measured in notebook 09); check_indices=False skips it, and under CUDA-graph capture it is skipped
@@ -72,12 +71,12 @@ def embedding_backward(grad_out: torch.Tensor, idx: torch.Tensor, num_embeddings
                        check_indices: bool = True) -> torch.Tensor:
     """dL/dweight: (num_embeddings, dim), grad_out rows added into the rows their indices name; padding_idx's row 0.
 
-    version None picks 'cpu' for CPU tensors and 'v3' on CUDA (both deterministic). `deterministic` true (or, when it
+    version None picks 'cpu' for CPU tensors and 'v4' on CUDA (both deterministic). `deterministic` true (or, when it
     is None, torch.are_deterministic_algorithms_enabled()) refuses 'v1' (atomics)."""
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     if version is None:
-        version = "cpu" if not grad_out.is_cuda else "v3"   # deterministic; v1 (atomics) only when asked for
+        version = "cpu" if not grad_out.is_cuda else "v4"   # deterministic; v1 (atomics) only when asked for
     elif deterministic and version == "v1":
         raise ValueError("embedding_backward: version 'v1' adds with atomics (not deterministic); use 'v2' or 'cpu' "
                          "with deterministic=True")
@@ -201,7 +200,8 @@ IDEAS_FWD = {"cpu": "C++ row memcpy with at::parallel_for",
 IDEAS_BWD = {"cpu": "C++, vocabulary ranges per thread, token order (deterministic)",
              "v1": "atomicAdd scatter (fp32 accumulation)",
              "v2": "stable sort, one warp per run of equal indices (deterministic)",
-             "v3": "row-centric: each row written once (no memset), long runs cut in fixed chunks (deterministic)"}
+             "v3": "row-centric: each row written once (no memset), long runs cut in fixed chunks (deterministic)",
+             "v4": "v3 with its own radix sort: 32-bit keys on log2(V) bits, 32-bit positions (deterministic)"}
 
 
 def _bytes_fwd(s, dt):
