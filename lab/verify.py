@@ -7,7 +7,8 @@ The rules (the same for every family):
 - tolerances are one explicit table per dtype (TOLERANCE); a float32 version that multiplies in TF32 says so
   (`Version.precision = "tf32"`) and is held to the TF32 row;
 - every check draws fresh random inputs for several seeds (never zeros);
-- outputs are poisoned (NaN, or a sentinel for integers) before the kernel runs, so an element it never wrote fails;
+- outputs are poisoned (NaN, or a sentinel for integers) before the kernel runs, so an element it never wrote fails
+  (a version without out=, e.g. autograd's, gets its first run's freed output blocks refilled with poison first);
 - NaN or Inf where the reference is finite always fails;
 - a failure report lists the worst elements as (index, got, expected).
 """
@@ -167,9 +168,28 @@ class CheckResult:
         return "\n".join([self.line()] + rows)
 
 
+def _poison_freed(outputs) -> None:
+    """For a version that allocates its own outputs (autograd, or no out= argument): its first run's outputs hold the
+    right answer and go back to the caching allocator when dropped, where the next run's torch.empty would find them.
+    Refill those blocks with poison first: allocating the same sizes right after the free hands back the same blocks
+    (the allocator takes the best-fitting free block), and they are freed again, NaN-filled, just before the run."""
+    try:
+        shapes = [(t.shape, t.dtype, t.device) for t in _flat(outputs)]
+    except TypeError:  # outputs that are not tensors: nothing to poison
+        return
+    del outputs
+    fill = [torch.full(s, math.nan if d.is_floating_point else INT_SENTINEL, dtype=d, device=dev)
+            for s, d, dev in shapes]
+    del fill
+
+
 def run_version(v: Version, inputs: tuple, poison: bool = True):
-    """Run a version; for kernels, into poisoned outputs. Returns (outputs, problem-or-'')."""
-    if not (v.takes_out and poison):
+    """Run a version; for kernels, into poisoned outputs (with out=), or after poisoning the memory its outputs would be
+    allocated from (without). Returns (outputs, problem-or-'')."""
+    if not poison or v.baseline or v.inplace:
+        return v.fn(*inputs), ""
+    if not v.takes_out:
+        _poison_freed(v.fn(*inputs))
         return v.fn(*inputs), ""
     probe = v.fn(*inputs)                # learn the output structure
     out = poison_like(probe)
@@ -187,7 +207,7 @@ def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: t
     references and baselines are thousands of launches a check)."""
     device = torch.device(device)
     res = CheckResult(op.name, v.name, shape_label(shape), dtype_name(dtype), device.type,
-                      tol=tolerance(dtype, v.precision))
+                      tol=tolerance(dtype, v.precision_at(dtype)))
     base = None
     if op.baseline and op.baseline != v.name and not lean:
         cands = [b for b in op.versions_for(device, dtype) if b.name == op.baseline]

@@ -7,6 +7,8 @@ import torch
 from lab import verify
 from lab.registry import Op, Version
 
+from conftest import devices
+
 
 def test_compare_exact_and_scaled_error():
     ref = torch.randn(1000, dtype=torch.float64)
@@ -138,3 +140,23 @@ def test_check_version_fails_a_kernel_with_one_wrong_element():
     r = verify.check_version(op, op.versions[0], {"n": 40009}, torch.bfloat16, "cpu")
     assert not r.passed and "worst element" in r.problem, r.line()
 
+
+
+@pytest.mark.parametrize("device", devices())
+def test_version_without_out_gets_poisoned_memory(device):
+    # A version that allocates its own output and fills all but the last element: on a repeat run the caching allocator
+    # would hand it the block that held its first run's values. The check must see poison there, not a stale value
+    # that happens to be right: reference x * 2; the first call writes everything, later calls skip the last element.
+    calls = []
+
+    def forgetful(x):
+        y = torch.empty_like(x)
+        n = x.numel() if not calls else x.numel() - 1
+        calls.append(n)
+        y.view(-1)[:n] = x.view(-1)[:n] * 2
+        return y
+
+    op = Op("t", "double", lambda s, dt, dev, g: (torch.randn(s["n"], generator=g).to(dev, dt),), lambda x: x * 2,
+            [Version("v1", forgetful, "any", takes_out=False)], [{"n": 4099}], [{"n": 4099}])
+    res = verify.check_version(op, op.versions[0], {"n": 4099}, torch.float32, device, seeds=(0,))
+    assert not res.passed and "NaN" in res.problem, res.line()
