@@ -31,7 +31,7 @@ def main() -> None:
         dst = torch.empty_like(w)
         mb = w.numel() * 4 / 1e6
         fns = {  # name -> (fn, bytes moved)
-            "gemv v14": (lambda: L.linear(x, w, b, y, version="v14"), w.numel() * 4),
+            "gemv v1": (lambda: L.gemv(x, w, b, y, version="v1"), w.numel() * 4),
             "torch linear (cuBLAS)": (lambda: torch.nn.functional.linear(x, w, b), w.numel() * 4),
             "w.sum() (read only)": (lambda: w.sum(), w.numel() * 4),
             "copy w (read + write)": (lambda: dst.copy_(w), 2 * w.numel() * 4),

@@ -30,7 +30,7 @@ def _timed_call(v: Version, inputs: tuple) -> Callable[[], object]:
 
 def precision_of(v: Version, dtype: torch.dtype) -> str:
     """What a version computes in: its declared precision ("tf32") or its dtype's name."""
-    return v.precision or dtype_name(dtype)
+    return v.precision_at(dtype) or dtype_name(dtype)
 
 
 def reference_baseline(op: Op, device, dtype: torch.dtype, precision: str) -> Version | None:
@@ -111,7 +111,7 @@ def bench_op(op: Op, device: torch.device | str, dtypes=None, versions=None, sha
             sec = t.median_us * 1e-6
             gbps = nb / sec / 1e9 if nb else None
             tflops = fl / sec / 1e12 if fl else None
-            peak = peak_for(ceil, dtype, v.precision, op.compute_ceiling)
+            peak = peak_for(ceil, dtype, v.precision_at(dtype), op.compute_ceiling)
             row = {
                 "family": op.family, "op": op.name, "version": v.name, "shape": shape_label(shape),
                 "size": shape.get(op.size_key) if op.size_key else None, "dtype": dtype_name(dtype),

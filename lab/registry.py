@@ -36,7 +36,8 @@ class Version:
     idea: str = ""                         # one line: what this version adds over the one before
     baseline: bool = False                 # PyTorch/cuBLAS/cuDNN: timed beside the kernels, not a kernel of ours
     takes_out: bool = True
-    precision: str | None = None           # "tf32" where a float32 version multiplies in TF32: picks the tolerance
+    precision: str | None = None           # "tf32" where a float32 version multiplies in TF32: picks the tolerance;
+                                           # at its other dtypes a version computes in the dtype (precision_at)
     dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype of the op
     graph: bool = False                    # also time it replayed from a CUDA graph (launch-bound code)
     check: bool = True                     # verify it (a baseline that *is* the reference need not be)
@@ -48,6 +49,12 @@ class Version:
 
     def supports(self, dtype: torch.dtype) -> bool:
         return self.dtypes is None or dtype in self.dtypes
+
+    def precision_at(self, dtype: torch.dtype) -> str | None:
+        """What this version multiplies in at `dtype` where that is not the dtype itself: `precision` on float32
+        ("tf32"), else None. Precision is a dimension of a version: linear's v10 is TF32 on float32 tensors and bf16 on
+        bfloat16 ones, one name."""
+        return self.precision if dtype == torch.float32 else None
 
 
 @dataclass

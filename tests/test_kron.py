@@ -1,6 +1,6 @@
 """Kronecker layer: every version against the float64 reference and against the explicit torch.kron product; gradients
-by gradcheck and against v1; every CUDA block configuration and v4 slice width; the backward writes every output;
-bad input gives errors that say what is wrong."""
+by gradcheck and against the torch baseline; every CUDA block configuration and v2 slice width; the backward writes
+every output; bad input gives errors that say what is wrong."""
 import math
 
 import pytest
@@ -21,7 +21,7 @@ def _inputs(batch, factors, dtype, device, seed=0):
 
 
 def _versions(device):
-    return ["v1", "v2", "full"] + (["v3", "v4"] if device == "cuda" else ["cpu"])
+    return ["torch", "torch.bmm", "torch.kron"] + (["v1", "v2"] if device == "cuda" else ["cpu"])
 
 
 @pytest.mark.parametrize("device", devices())
@@ -55,7 +55,7 @@ def test_convention_by_hand():
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("version", ["cpu", "v3", "v4"])
+@pytest.mark.parametrize("version", ["cpu", "v1", "v2"])
 @pytest.mark.parametrize("factors", ["2x3", "3x2x2", "4x1x3"])
 def test_gradcheck(version, factors, device):
     if (version == "cpu") != (device == "cpu"):
@@ -68,11 +68,11 @@ def test_gradcheck(version, factors, device):
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch,factors", [(4, "32x32"), (3, "8x16x32"), (2, "12x20"), (3, "13x17"), (2, "2x3x2x5")])
-def test_gradients_match_v1(batch, factors, dtype, device):
+def test_gradients_match_torch(batch, factors, dtype, device):
     x, *ws = _inputs(batch, factors, dtype, device, seed=3)
     gy = torch.randn(x.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(dtype).to(device)
-    ref = K._train("v1")(x.double(), gy.double(), *[w.double() for w in ws])
-    for v in ["cpu"] if device == "cpu" else ["v3", "v4"]:
+    ref = K._train("torch")(x.double(), gy.double(), *[w.double() for w in ws])
+    for v in ["cpu"] if device == "cpu" else ["v1", "v2"]:
         got = K._train(v)(x, gy, *ws)
         for name, a, b in zip(["y", "dx"] + [f"dW{k + 1}" for k in range(len(ws))], got, ref):
             verify.assert_close(a, b, dtype, what=f"{v} {name}")
@@ -83,7 +83,7 @@ def test_gradients_match_v1(batch, factors, dtype, device):
 def test_backward_writes_every_output(factors, device):
     # outputs poisoned with NaN: an element the backward forgets to write fails
     x, *ws = _inputs(3, factors, torch.float32, device, seed=6)
-    version = "cpu" if device == "cpu" else "v3"
+    version = "cpu" if device == "cpu" else "v1"
     states = [torch.full_like(x, math.nan) for _ in ws[1:]]
     y = K.forward(x, ws, version=version, states=states)
     gy = torch.randn_like(y)
@@ -99,7 +99,7 @@ def test_states_are_the_intermediate_products(device):
     # states[k-1] = x with W_K, …, W_{k+1} applied (F_k of cuda_src/kron/kron.cuh), in the layout
     # (i_k … i_1, j_K … j_{k+1})
     x, *ws = _inputs(2, "3x4x5", torch.float64, device, seed=7)
-    versions = ["cpu"] if device == "cpu" else ["v3", "v4"]
+    versions = ["cpu"] if device == "cpu" else ["v1", "v2"]
     f1, f2, f3 = 3, 4, 5
     xs = x.cpu().view(2, f3, f2, f1)
     F2 = torch.einsum("bcij,cn->bijn", xs, ws[2].cpu())            # (i2, i1, j3)
@@ -115,7 +115,7 @@ def test_states_are_the_intermediate_products(device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch,factors", [(3, "128x128"), (5, "13x17"), (2, "8x16x32"), (4, "32x32"), (3, "3x4x5"),
                                            (1, "64x64x64"), (6, "12x20")])
-def test_v4_every_configuration_and_slice_width(batch, factors, dtype):
+def test_v2_every_configuration_and_slice_width(batch, factors, dtype):
     x, *ws = _inputs(batch, factors, dtype, "cuda", seed=8)
     ref = K.kron_ref(x.double(), *[w.double() for w in ws])
     fK = K.parse_factors(factors)[-1]
@@ -129,28 +129,28 @@ def test_v4_every_configuration_and_slice_width(batch, factors, dtype):
                 continue
             tried += 1
             states = [torch.full_like(x, math.nan) for _ in ws[1:]]
-            out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v4", states=states, cfg=cfg, cols=cols)
-            verify.assert_close(out, ref, dtype, what=f"v4 cfg={cfg} c={cols}")
+            out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v2", states=states, cfg=cfg, cols=cols)
+            verify.assert_close(out, ref, dtype, what=f"v2 cfg={cfg} c={cols}")
             if states:  # the saved states must be complete too (every slice writes its columns)
                 cpu_states = [torch.empty_like(s, device="cpu") for s in states]
                 K.forward(x.cpu(), [w.cpu() for w in ws], version="cpu", states=cpu_states)
                 for s, c in zip(states, cpu_states):
-                    verify.assert_close(s, c.double(), dtype, what=f"v4 state cfg={cfg} c={cols}")
-    if not tried:  # nothing fits in shared memory (fp64 64x64x64: one W_K column slice is too big): v4 runs v3
+                    verify.assert_close(s, c.double(), dtype, what=f"v2 state cfg={cfg} c={cols}")
+    if not tried:  # nothing fits in shared memory (fp64 64x64x64: one W_K column slice is too big): v2 runs v1
         assert not K.plan(batch, factors, dtype, "cuda")["fits"]
         assert dtype == torch.float64 and factors == "64x64x64", f"no (cfg, c) fits for {factors} {dtype}"
-        verify.assert_close(K.forward(x, ws, out=torch.full_like(x, math.nan), version="v4"), ref, dtype, what="v4")
+        verify.assert_close(K.forward(x, ws, out=torch.full_like(x, math.nan), version="v2"), ref, dtype, what="v2")
 
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch,factors", [(3, "128x128"), (70, "32x32"), (5, "13x17"), (2, "8x16x32"), (3, "5x7")])
-def test_v3_every_configuration(batch, factors, dtype):
+def test_v1_every_configuration(batch, factors, dtype):
     x, *ws = _inputs(batch, factors, dtype, "cuda", seed=9)
     ref = K.kron_ref(x.double(), *[w.double() for w in ws])
     for cfg in range(3):
-        out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v3", cfg=cfg)
-        verify.assert_close(out, ref, dtype, what=f"v3 cfg={cfg}")
+        out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v1", cfg=cfg)
+        verify.assert_close(out, ref, dtype, what=f"v1 cfg={cfg}")
 
 
 @needs_gpu
@@ -159,7 +159,7 @@ def test_large_batches_and_the_backward_against_float64(batch):
     x, *ws = _inputs(batch, "128x128", torch.float32, "cuda", seed=10)
     gy = torch.randn_like(x)
     ref = K.train_ref(x.double(), gy.double(), *[w.double() for w in ws])
-    for v in ["v3", "v4"]:
+    for v in ["v1", "v2"]:
         got = K._train(v)(x, gy, *ws)
         for name, a, b in zip(["y", "dx", "dW1", "dW2"], got, ref):
             verify.assert_close(a, b, torch.float32, what=f"{v} {name} batch {batch}")
@@ -169,27 +169,27 @@ def test_large_batches_and_the_backward_against_float64(batch):
 def test_backward_is_deterministic():
     x, *ws = _inputs(64, "32x16x8", torch.float32, "cuda", seed=11)
     gy = torch.randn_like(x)
-    a = K._train("v4")(x, gy, *ws)
-    b = K._train("v4")(x, gy, *ws)
+    a = K._train("v2")(x, gy, *ws)
+    b = K._train("v2")(x, gy, *ws)
     for s, t in zip(a, b):
         assert torch.equal(s, t)
 
 
 @needs_gpu
-def test_v4_falls_back_to_v3_above_the_shared_memory_limit():
+def test_v2_falls_back_to_v1_above_the_shared_memory_limit():
     # N / f_K = 10000 floats per state row block: two buffers of 4·10000·4 bytes exceed the 227 KB a block may have
     p = K.plan(1, "100x100x2", torch.float32)
     assert not p["fits"] and p["smem_limit"] > 0
     assert K.plan(32, "128x128", torch.float32)["fits"]
     x, *ws = _inputs(1, "100x100x2", torch.float32, "cuda", seed=12)
-    verify.assert_close(K.kron(x, ws, "v4"), K.kron_ref(x.double(), *[w.double() for w in ws]), torch.float32)
+    verify.assert_close(K.kron(x, ws, "v2"), K.kron_ref(x.double(), *[w.double() for w in ws]), torch.float32)
 
 
 @pytest.mark.parametrize("device", devices())
 def test_empty_batch_and_non_contiguous_input(device):
-    versions = ["cpu"] if device == "cpu" else ["v3", "v4"]
+    versions = ["cpu"] if device == "cpu" else ["v1", "v2"]
     x, *ws = _inputs(0, "4x6", torch.float32, device)
-    for v in versions + ["v1", "v2"]:
+    for v in versions + ["torch", "torch.bmm"]:
         assert K.kron(x, ws, v).shape == (0, 24)
     base, *ws = _inputs(5, "4x6", torch.float32, device, seed=13)
     xt = torch.cat([base, base], 1)[:, ::2]  # (5, 24), stride 2
@@ -200,11 +200,11 @@ def test_empty_batch_and_non_contiguous_input(device):
 @pytest.mark.parametrize("device", devices())
 def test_stacked_layers_train(device):
     torch.manual_seed(0)
-    version = "cpu" if device == "cpu" else "v4"
+    version = "cpu" if device == "cpu" else "v2"
     net = torch.nn.Sequential(K.KronLinear([8, 4], version, device=device), torch.nn.Tanh(),
                               K.KronLinear([8, 4], version, device=device))
-    ref = torch.nn.Sequential(K.KronLinear([8, 4], "v1", device=device), torch.nn.Tanh(),
-                              K.KronLinear([8, 4], "v1", device=device))
+    ref = torch.nn.Sequential(K.KronLinear([8, 4], "torch", device=device), torch.nn.Tanh(),
+                              K.KronLinear([8, 4], "torch", device=device))
     ref.load_state_dict(net.state_dict())
     x = torch.randn(16, 32, device=device)
     for m in (net, ref):
@@ -215,9 +215,9 @@ def test_stacked_layers_train(device):
 
 # ---- bad input -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("version", ["v1", "v2", "full", "cpu", "v3", "v4"])
+@pytest.mark.parametrize("version", ["torch", "torch.bmm", "torch.kron", "cpu", "v1", "v2"])
 def test_bad_input_says_what_is_wrong(version, device):
-    if (version in ("v3", "v4")) and device == "cpu":
+    if (version in ("v1", "v2")) and device == "cpu":
         pytest.skip("CUDA version")
     if version == "cpu" and device == "cuda":
         pytest.skip("the C++ CPU version takes CPU tensors")
@@ -243,10 +243,10 @@ def test_bad_input_says_what_is_wrong(version, device):
 def test_version_on_the_wrong_device_says_so(device):
     x, w3, w4 = torch.randn(3, 12, device=device), torch.randn(3, 3, device=device), torch.randn(4, 4, device=device)
     # the C++ boundary's message (lab::check_version), through autograd and through the plain forward
-    for v in ["v3", "v4"] if device == "cpu" else ["cpu"]:
+    for v in ["v1", "v2"] if device == "cpu" else ["cpu"]:
         msg = (rf"kron: version {v[1:]} is a CUDA kernel but x is on the CPU" if device == "cpu" else
                r"kron: version 0 is the C\+\+ CPU code but x is on cuda:0 \(move to the CPU, or use a CUDA "
-               r"version 3..4\)")
+               r"version 1..2\)")
         with pytest.raises(ValueError, match=msg):
             K.kron(x, [w3, w4], v)
         with pytest.raises(ValueError, match=msg):
@@ -258,7 +258,7 @@ def test_the_cpp_boundary_checks_too(device):
     # the compiled functions, called directly (no Python validation in front): the same messages
     x = torch.randn(3, 12, device=device)
     out = torch.empty_like(x)
-    v = 0 if device == "cpu" else 4
+    v = 0 if device == "cpu" else 2
     w3, w4 = torch.randn(3, 3, device=device), torch.randn(4, 4, device=device)
     ext = K.ext()
     with pytest.raises(ValueError, match=r"the factor sizes 3 x 5 multiply to 15, but x has N = 12 columns"):
@@ -277,8 +277,8 @@ def test_the_cpp_boundary_checks_too(device):
 
 def test_cuda_version_on_cpu_tensors_is_refused():
     x, *ws = _inputs(2, "2x3", torch.float32, "cpu")
-    with pytest.raises(ValueError, match=r"version 4 is a CUDA kernel but x is on the CPU"):  # the C++ boundary
-        K.ext().forward(x, ws, torch.empty_like(x), [], 4, -1, 0)
+    with pytest.raises(ValueError, match=r"version 2 is a CUDA kernel but x is on the CPU"):  # the C++ boundary
+        K.ext().forward(x, ws, torch.empty_like(x), [], 2, -1, 0)
     with pytest.raises(ValueError, match=r"version must be one of"):
         K.kron(x, ws, "v9")
 
@@ -287,7 +287,7 @@ def test_cuda_version_on_cpu_tensors_is_refused():
 def test_mixed_devices_are_refused():
     x = torch.randn(2, 6, device="cuda")
     with pytest.raises(ValueError, match=r"factors\[1\] must be on the same device as x \(cuda:0\), got cpu"):
-        K.kron(x, [torch.randn(2, 2, device="cuda"), torch.randn(3, 3)], "v4")
+        K.kron(x, [torch.randn(2, 2, device="cuda"), torch.randn(3, 3)], "v2")
 
 
 # ---- the command line ------------------------------------------------------------------------------------------------
@@ -295,8 +295,8 @@ def test_command_line_check_agrees(capsys):
     from lab import kron as cli
     assert cli.main(["--dtype", "d", "--device", "cpu", "3", "4", "6", "check"]) == 0
     out = capsys.readouterr().out
-    assert "||v1_y|| = " in out and "||cpu_gW|| = " in out
-    assert "v1_y == cpu_y: True" in out and "False" not in out
+    assert "||torch_y|| = " in out and "||cpu_gW|| = " in out
+    assert "torch_y == cpu_y: True" in out and "False" not in out
 
 
 def test_command_line_parses_factor_lists():

@@ -1,6 +1,7 @@
-"""linear (nn.Linear forward): every version against the float64 reference on awkward sizes with poisoned outputs
-and several seeds; against nn.Linear itself for 2-D, 3-D and 1-D inputs with and without bias; the weight read in
-place; TF32/bf16 versions beside cuBLAS at the same precision; bad input names the argument."""
+"""linear (nn.Linear forward; ops linear, gemv, fc_out): every version against the float64 reference on awkward sizes
+with poisoned outputs and several seeds; against nn.Linear itself for 2-D, 3-D and 1-D inputs with and without bias;
+the weight read in place; the tensor-core versions beside cuBLAS at the same precision (TF32 on float32 tensors, bf16
+on bfloat16 ones: one version name each); the GEMV at the decoder's shape; bad input names the argument."""
 import pytest
 import torch
 
@@ -10,8 +11,8 @@ from lab.kernels import linear as L
 from conftest import devices, needs_gpu
 
 FAM = registry.get("linear")
-CUDA_F32 = [v for v in L.IDEAS if v not in ("v11", "v13")]
-CUDA_BF16 = ["v11", "v13"]
+CUDA_F32 = list(L.IDEAS)                                               # v1 .. v11
+CUDA_BF16 = [v for v in L.IDEAS if torch.bfloat16 in L.DTYPES.get(v, ())]  # v10, v11: the same names as on fp32
 
 
 def _versions(device: str, dtype: torch.dtype) -> list[str]:
@@ -20,8 +21,19 @@ def _versions(device: str, dtype: torch.dtype) -> list[str]:
     return CUDA_BF16 if dtype == torch.bfloat16 else CUDA_F32
 
 
-def _precision(version: str) -> str | None:
-    return L.PRECISION.get(version)
+def _precision(version: str, dtype: torch.dtype) -> str | None:
+    return FAM.op("linear").version(version).precision_at(dtype)
+
+
+def test_precision_is_a_dimension_of_a_version():
+    # one name per rung: the tensor-core rungs run both dtypes, TF32 on float32 and bf16 on bfloat16
+    assert CUDA_BF16 == ["v10", "v11"] and L.LADDER == [f"v{i}" for i in range(1, 12)]
+    op = FAM.op("linear")
+    assert [v.name for v in op.versions if not v.baseline] == ["cpu"] + L.LADDER
+    for v in CUDA_BF16:
+        assert op.version(v).precision_at(torch.float32) == "tf32"
+        assert op.version(v).precision_at(torch.bfloat16) is None
+    assert [v.name for v in FAM.op("gemv").versions] == ["cpu", "v1", "torch"]
 
 
 @pytest.mark.parametrize("device", devices())
@@ -57,7 +69,7 @@ def test_matches_nn_linear(device, dtype, in_features, lead, bias):
     for v in _versions(device, dtype):
         y = L.linear(x, layer.weight.detach(), layer.bias.detach() if bias else None, version=v)
         assert y.shape == ref.shape, f"{v}: shape {tuple(y.shape)}, nn.Linear gives {tuple(ref.shape)}"
-        verify.assert_close(y, ref, dtype, _precision(v), what=f"{v} {tuple(x.shape)} bias={bias}")
+        verify.assert_close(y, ref, dtype, _precision(v, dtype), what=f"{v} {tuple(x.shape)} bias={bias}")
 
 
 @pytest.mark.parametrize("device", devices())
@@ -103,18 +115,18 @@ def test_misaligned_operands_take_the_scalar_paths(dtype):
     ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
     for v in _versions("cuda", dtype):
         out = torch.empty(M * N + 1, device="cuda", dtype=dtype)[1:].view(M, N)
-        verify.assert_close(L.linear(x, w, b, out=out, version=v), ref, dtype, _precision(v), what=v)
+        verify.assert_close(L.linear(x, w, b, out=out, version=v), ref, dtype, _precision(v, dtype), what=v)
 
 
 @needs_gpu
 @pytest.mark.parametrize("version,baseline,dtype,factor", [("v10", "torch.tf32", torch.float32, 2),
-                                                           ("v12", "torch.tf32", torch.float32, 3),
-                                                           ("v11", "torch", torch.bfloat16, 2),
-                                                           ("v13", "torch", torch.bfloat16, 2)])
+                                                           ("v11", "torch.tf32", torch.float32, 3),
+                                                           ("v10", "torch", torch.bfloat16, 2),
+                                                           ("v11", "torch", torch.bfloat16, 2)])
 def test_tensor_core_error_is_cublas_error(version, baseline, dtype, factor):
     # Same precision side by side: our TF32/bf16 error against float64 stays within 2x cuBLAS's own at that precision.
-    # v12 feeds fp32 bits to wgmma, which truncates them to TF32 (v10 rounds with cvt.rna): truncation's error is
-    # 2.6x rounding's in theory and measured so on the H100 (5.4e-4 vs 2.1e-4), hence 3x for it.
+    # v11 on float32 feeds fp32 bits to wgmma, which truncates them to TF32 (v10 rounds with cvt.rna): truncation's
+    # error is 2.6x rounding's in theory and measured so on the H100 (5.4e-4 vs 2.1e-4), hence 3x for it.
     op = FAM.op("linear")
     base = op.version(baseline)
     for seed in range(3):
@@ -127,16 +139,23 @@ def test_tensor_core_error_is_cublas_error(version, baseline, dtype, factor):
 
 @needs_gpu
 def test_gemv_at_the_decoder_shape():
-    # fc_out at batch 1, 1-D input as the decoder has it: (1280,) -> (5893,)
+    # fc_out at batch 1, 1-D input as the decoder has it: (1280,) -> (5893,). The layer's parameters require grad and
+    # the kernels have no backward (the bindings refuse them under grad mode): inference runs under no_grad.
     g = torch.Generator().manual_seed(2)
     layer = torch.nn.Linear(1280, 5893).cuda()
     x = torch.randn(1280, generator=g).cuda()
     ref = torch.nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
-    for v in ("v14", L.BEST_SIMT, "v12"):
-        y = L.linear(x, layer.weight, layer.bias, version=v)
+    assert L.fastest(x) == ("gemv", "v1")
+    with torch.no_grad():
+        runs = {"gemv v1": (L.gemv(x, layer.weight, layer.bias, version="v1"), None),
+                "default": (L.linear(x, layer.weight, layer.bias), None)}   # the fastest: gemv's v1 at one row
+        for v in (L.BEST_SIMT, "v11"):
+            runs[f"linear {v}"] = (L.linear(x, layer.weight, layer.bias, version=v), _precision(v, torch.float32))
+    for name, (y, precision) in runs.items():
         assert y.shape == (5893,)
-        verify.assert_close(y, ref, torch.float32, _precision(v), what=v)
-    assert L.default_version(x) == "v14"
+        verify.assert_close(y, ref, torch.float32, precision, what=name)
+    with pytest.raises(ValueError, match=r"gemv: weight requires grad, but this kernel has no backward"):
+        L.gemv(x, layer.weight, layer.bias.detach())
 
 
 @pytest.mark.parametrize("device", devices())
@@ -183,6 +202,9 @@ def test_versions_and_devices_must_agree():
         L.linear(x.bfloat16(), w.bfloat16(), version="cpu")
     with pytest.raises(ValueError, match="version must be 'cpu' or 'v<N>'"):
         L.linear(x, w, version="fast")
+    with pytest.raises(ValueError, match=r"gemv: version 1 is a CUDA kernel but x is on the CPU"):
+        L.gemv(x, w, version="v1")
+    torch.testing.assert_close(L.gemv(x, w), x @ w.T)                      # the C++ CPU code serves both ops
 
 
 @needs_gpu
@@ -192,11 +214,14 @@ def test_cuda_bad_input():
         L.linear(x, w.cpu(), version="v8")
     with pytest.raises(ValueError, match=r"bias must be on the same device as x \(cuda:0\), got cpu"):
         L.linear(x, w, torch.randn(3), version="v8")
-    with pytest.raises(TypeError, match=r"version 11 takes BFloat16 tensors \(x, weight, bias, out\), got Float"):
-        L.linear(x, w, version="v11")
-    with pytest.raises(TypeError, match=r"version 8 takes Float tensors \(x, weight, bias, out\), got BFloat16"):
+    with pytest.raises(TypeError, match=r"version 8 takes Float tensors \(x, weight, bias, out\), got BFloat16 "
+                                        r"\(the bfloat16 versions are 10 and 11\)"):
         L.linear(x.bfloat16(), w.bfloat16(), version="v8")
-    with pytest.raises(ValueError, match=r"CUDA versions are 1..14, got 15"):
-        L.linear(x, w, version="v15")
+    with pytest.raises(ValueError, match=r"linear: CUDA versions are 1..11, got 12"):
+        L.linear(x, w, version="v12")
+    with pytest.raises(ValueError, match=r"gemv: CUDA versions are 1..1, got 2"):
+        L.gemv(x, w, version="v2")
+    with pytest.raises(TypeError, match=r"gemv: version 1 takes Float tensors \(x, weight, bias, out\), got BFloat16"):
+        L.gemv(x.bfloat16(), w.bfloat16())
     with pytest.raises(ValueError, match=r"version 0 is the C\+\+ CPU code but x is on cuda:0 \(move to the CPU"):
         L.linear(x, w, version="cpu")

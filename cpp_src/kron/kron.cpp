@@ -4,8 +4,8 @@
 //
 // factors = [W_1, …, W_K], W_k (f_k, f_k); x (batch, N) with N = f_1·…·f_K. Outputs and the intermediate states are
 // tensors the caller allocates (the lab poisons them with NaN before a check). version: 0 = the C++ CPU code (CPU
-// tensors: cpp_src/kron/cpu.cpp); 3 = one CUDA kernel per factor (cuda_src/kron/v3.cu); 4 = the fused CUDA kernel
-// (cuda_src/kron/v4.cu, planned and launched by v4_plan.cu; v3 where it does not fit); the backward of 3 and 4 is
+// tensors: cpp_src/kron/cpu.cpp); 1 = one CUDA kernel per factor (cuda_src/kron/v1.cu); 2 = the fused CUDA kernel
+// (cuda_src/kron/v2.cu, planned and launched by v2_plan.cu; v1 where it does not fit); the backward of 1 and 2 is
 // cuda_src/kron/backward.cu. The CPU code computes the same steps as the CUDA code (see the header of
 // cuda_src/kron/kron.cuh for the algebra):
 //   forward   F-step  y[b] (P, f) = x[b]ᵀ (f, P)ᵀ · W          — for W_K, …, W_1 in turn
@@ -107,12 +107,12 @@ void check_states(const std::vector<at::Tensor>& states, const at::Tensor& x, co
 
 // ---- launchers: what the units export (names: kname below) --------------------------------------------------------
 #ifdef LAB_WITH_CUDA
-// cuda_src/kron/v3.cu, v4_plan.cu, backward.cu, each built once per dtype: "kron_v3_forward@f32", ...
-template <class T> using V3Forward = cudaError_t (*)(int version, const T* x, T* y, const T* const* w, const int* f,
+// cuda_src/kron/v1.cu, v2_plan.cu, backward.cu, each built once per dtype: "kron_v1_forward@f32", ...
+template <class T> using V1Forward = cudaError_t (*)(int version, const T* x, T* y, const T* const* w, const int* f,
                                                      int K, int64_t B, int64_t N, T* const* states, T* scratch,
                                                      int cfg, cudaStream_t);
 using ForwardScratch = int64_t (*)(int64_t B, int64_t N, int K);
-template <class T> using V4Forward = cudaError_t (*)(const T* x, T* y, const T* const* w, const int* f, int K,
+template <class T> using V2Forward = cudaError_t (*)(const T* x, T* y, const T* const* w, const int* f, int K,
                                                      int64_t B, int64_t N, T* const* states, int cfg, int cols,
                                                      const void* kernels, cudaStream_t);
 using FusedPlanFn = void (*)(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, const void* kernels,
@@ -122,9 +122,9 @@ template <class T> using Backward = cudaError_t (*)(const T* g, const T* x, cons
                                                     T* const* dw, T* ws, cudaStream_t);
 using BackwardWorkspace = int64_t (*)(int64_t B, int64_t N, const int* f, int K);
 
-// v4.cu is built once per dtype and block configuration; v4_plan.cu takes its kernels as FusedKernels<T>
+// v2.cu is built once per dtype and block configuration; v2_plan.cu takes its kernels as FusedKernels<T>
 // (cuda_src/kron/kron.cuh): the three configurations' occupancy functions, then their launch functions. The binding
-// only looks them up ("kron_v4_occupancy@f32,0", ...) and passes them on, so here they are plain addresses.
+// only looks them up ("kron_v2_occupancy@f32,0", ...) and passes them on, so here they are plain addresses.
 struct FusedKernels {
   void* occupancy[3];
   void* launch[3];
@@ -132,7 +132,7 @@ struct FusedKernels {
 FusedKernels fused_kernels(at::ScalarType t) {
   static const auto names = [](const char* d) {
     std::vector<std::string> v;
-    for (const char* what : {"kron_v4_occupancy@", "kron_v4_launch@"})
+    for (const char* what : {"kron_v2_occupancy@", "kron_v2_launch@"})
       for (int cfg = 0; cfg < 3; ++cfg) v.push_back(lab::cat(what, d, ",", cfg));
     return v;
   };
@@ -152,7 +152,7 @@ template <class T> using CpuForward = void (*)(const T* x, T* y, const T* const*
 template <class T> using CpuBackward = void (*)(const T* g, const T* x, const T* const* w, const int* f, int K,
                                                 int64_t B, int64_t N, const T* const* states, T* dx, T* const* dws);
 
-// "kron_v3_forward@f32" (a CUDA unit's variant) or "kron_cpu_forward_f32" (the CPU unit)
+// "kron_v1_forward@f32" (a CUDA unit's variant) or "kron_cpu_forward_f32" (the CPU unit)
 std::string kname(const char* name, at::ScalarType t) { return lab::cat(name, "@", lab::dtype_suffix(t)); }
 std::string cpu_name(const char* name, at::ScalarType t) { return lab::cat(name, "_", lab::dtype_suffix(t)); }
 
@@ -172,14 +172,14 @@ template <class T> std::vector<T*> ptrs(const std::vector<at::Tensor>& ts) {
 // ---- torch-facing functions ---------------------------------------------------------------------------------
 // y = x · (W_K ⊗ … ⊗ W_1) into out. states: [] or the K-1 intermediate states F_1..F_{K-1} (each (batch, N)), written
 // when given (the backward needs them). cfg/cols: -1/0 = automatic; else force the CUDA block configuration (0..2)
-// and v4's slice width (for kron.tune()).
+// and v2's slice width (for kron.tune()).
 at::Tensor forward(const at::Tensor& x, py::sequence factors_, at::Tensor out, py::sequence states_,
                    int64_t version, int64_t cfg, int64_t cols) {
   const std::vector<at::Tensor> factors = tensors(factors_, "factors"), states = tensors(states_, "states");
   const Sizes s = check_layer(x, factors);
   check_like(out, "out", x, {s.B, s.N}, "(batch, N)");
   check_states(states, x, s, false);
-  lab::check_version(x, "x", version, 3, 4, "kron");
+  lab::check_version(x, "x", version, 1, 2, "kron");
   LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
   LAB_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
   const int K = int(s.f.size());
@@ -190,10 +190,10 @@ at::Tensor forward(const at::Tensor& x, py::sequence factors_, at::Tensor out, p
       const at::ScalarType dt = x.scalar_type();
       const auto w = cptrs<scalar_t>(factors);
       auto st = ptrs<scalar_t>(states);
-      // version 4 runs v4.cu's fused kernel where its plan fits, else (and for K = 1) v3.cu's per-factor forward
+      // version 2 runs v2.cu's fused kernel where its plan fits, else (and for K = 1) v1.cu's per-factor forward
       bool fused_fits = false;
       FusedKernels kern{};
-      if (version == 4) {
+      if (version == 2) {
         kern = fused_kernels(dt);
         int64_t info[11];
         lab::launcher<FusedPlanFn>(kname("kron_fused_plan", dt))(s.B, s.N, s.f.data(), K, int(cfg), int(cols), &kern,
@@ -201,7 +201,7 @@ at::Tensor forward(const at::Tensor& x, py::sequence factors_, at::Tensor out, p
         fused_fits = info[0] != 0;
       }
       if (fused_fits) {
-        auto fn = lab::launcher<V4Forward<scalar_t>>(kname("kron_v4_forward", dt));
+        auto fn = lab::launcher<V2Forward<scalar_t>>(kname("kron_v2_forward", dt));
         LAB_CUDA_CHECK(fn(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), w.data(), s.f.data(), K, s.B, s.N,
                           st.empty() ? nullptr : st.data(), int(cfg), int(cols), &kern, LAB_STREAM()),
                        "kron forward kernel");
@@ -210,7 +210,7 @@ at::Tensor forward(const at::Tensor& x, py::sequence factors_, at::Tensor out, p
         if (states.empty() && K > 1)
           scratch = at::empty({lab::launcher<ForwardScratch>(kname("kron_forward_scratch", dt))(s.B, s.N, K)},
                               x.options());
-        auto fn = lab::launcher<V3Forward<scalar_t>>(kname("kron_v3_forward", dt));
+        auto fn = lab::launcher<V1Forward<scalar_t>>(kname("kron_v1_forward", dt));
         LAB_CUDA_CHECK(fn(int(version), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), w.data(), s.f.data(), K,
                           s.B, s.N, st.empty() ? nullptr : st.data(),
                           scratch.defined() ? scratch.data_ptr<scalar_t>() : nullptr, int(cfg), LAB_STREAM()),
@@ -248,7 +248,7 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
     std::snprintf(name, sizeof(name), "dws[%d]", k);
     check_like(dws[k], name, x, {s.f[k], s.f[k]}, "like factors[k]");
   }
-  lab::check_version(x, "x", version, 3, 4, "kron");
+  lab::check_version(x, "x", version, 1, 2, "kron");
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_backward", [&] {
     if (x.is_cuda()) {
 #ifdef LAB_WITH_CUDA
@@ -279,7 +279,7 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
   return dx;
 }
 
-// What v4 would launch for a batch and factor sizes (x: any CUDA tensor of the dtype, for dtype and device):
+// What v2 would launch for a batch and factor sizes (x: any CUDA tensor of the dtype, for dtype and device):
 // (fits, cfg, c, slices per sample, shared bytes per block, blocks per SM, threads, TM, TN, cost, device smem limit)
 py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t cfg, int64_t cols) {
   lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
@@ -312,8 +312,8 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Kronecker-factored linear layer y = x (W_K kron ... kron W_1); version 0 = C++ CPU code, 3 = per-factor "
-            "CUDA kernels, 4 = fused CUDA kernel";
+  m.doc() = "Kronecker-factored linear layer y = x (W_K kron ... kron W_1); version 0 = C++ CPU code, 1 = per-factor "
+            "CUDA kernels, 2 = fused CUDA kernel";
   m.def("forward", lab::bind(forward),
         "forward(x, factors, out, states, version, cfg, cols) -> out = x (W_K kron ... kron W_1)");
   m.def("backward", lab::bind(backward),

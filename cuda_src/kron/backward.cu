@@ -1,5 +1,5 @@
-// kron/backward.cu — the backward of versions 3 and 4: per factor an R-step kernel (dx) and a split-K dW kernel,
-// then one reduce launch for every dW (the algebra: kron.cuh). v4 runs it on the states its fused kernel saved.
+// kron/backward.cu — the backward of versions 1 and 2: per factor an R-step kernel (dx) and a split-K dW kernel,
+// then one reduce launch for every dW (the algebra: kron.cuh). v2 runs it on the states its fused kernel saved.
 // lab:variants dtype=f32,f64
 #include "kron.cuh"
 

@@ -16,21 +16,22 @@
 //     dF_k = W_k · dF_{k-1}[b]ᵀ              (f_k, f_k)·(f_k, P_k): contracts the fastest axis ("R-step")
 //     dx   = dF_K
 //
-// Versions (cpu, v1 and v2 live in cpp_src/kron/cpu.cpp and lab/kernels/kron.py):
-//   v3: one tiled kernel per factor — a 2-stage cp.async pipeline stages 16-deep k-slices of both operands in shared
+// Versions (cpu lives in cpp_src/kron/cpu.cpp; the PyTorch baselines torch, torch.bmm and torch.kron in
+// lab/kernels/kron.py):
+//   v1: one tiled kernel per factor — a 2-stage cp.async pipeline stages 16-deep k-slices of both operands in shared
 //       memory, each thread keeps a TM×TN register tile (8×8 at 128×128 block tiles; 4×4 for small grids); backward:
 //       an R-step kernel and a batch-reduced dW kernel (deterministic split-K partials + one reduce launch).
-//   v4: one fused kernel for all factors — a block owns one sample, or c of the f_K output columns of one (the first
+//   v2: one fused kernel for all factors — a block owns one sample, or c of the f_K output columns of one (the first
 //       factor's output columns never mix again), and keeps its state in shared memory from the first factor to the
 //       last; only x is read and y written. Limit: (N/f_K)·c·sizeof(T) per state buffer (two buffers for K ≥ 3, one
 //       for K = 2) plus ~34 KB of staging must fit the 227 KB a block may have: N/f_K ≲ 48k floats (K = 2), ≲ 24k
-//       (K ≥ 3) at c = 4. Above it, and for K = 1, v4 runs v3. Backward: v3's kernels on the states v4 saved.
+//       (K ≥ 3) at c = 4. Above it, and for K = 1, v2 runs v1. Backward: v1's kernels on the states v2 saved.
 //
 // Napkin math (H100, fp32, factors 128×128, N = 16384): FLOP = 2·B·N·Σf_k = 8.4 MFLOP per sample; bytes = 2·N·4 =
 // 128 KB per sample (read x, write y): 64 FLOP/byte, compute-bound. B = 32: 268 MFLOP — 4.0 us at the datasheet's
 // 66.9 TFLOP/s FP32 rate — and 4 MB of HBM traffic (~1.3 us at 3.35 TB/s). B = 1024: 8.6 GFLOP, 128 us at that rate.
 // (The notebook divides by the FMA rate the lab's probe measures instead.)
-// Small batches are latency- and balance-bound: 32 samples are only 32 blocks, so v4 splits each sample into
+// Small batches are latency- and balance-bound: 32 samples are only 32 blocks, so v2 splits each sample into
 // f_K/c column slices, and every slice re-reads its sample's x (64 KB) and W_1 (64 KB) from L2. The launcher picks
 // the configuration and c with a small cost model (plan_fused); kron.tune() times the alternatives. At batch 32 it
 // picks cfg 1 (256 threads, 4×4 tiles), c = 32: 4 slices per sample, 128 blocks, 50.7 KB shared each, 2 per SM.
@@ -41,24 +42,24 @@
 //    from a graph without launch overhead, lands in the same place. A block walks f/16 = 8 k-chunks per factor
 //    through a 2-stage pipeline, so most chunks wait on their own load (x comes from HBM after the flush): ~16
 //    dependent round trips per block. Next: stage a slice's whole x tile at once (many loads in flight), KC = 32.
-//  - large batches: 8×8 register tiles run level with cuBLAS's FP32 GEMM (v2). The fused kernel is slower than v3
-//    there: its 8×8 variant sits at the 128-register cap that 2 blocks per SM need (a few spills, 4 of them inside
-//    the FMA loop) and each block runs its two GEMMs back to back behind barriers. The rest needs what a tuned SGEMM
-//    does (deeper pipeline, warp-specialised loads), or TF32 tensor cores (another precision).
+//  - large batches: 8×8 register tiles run level with cuBLAS's FP32 GEMM (torch.bmm). The fused kernel is slower
+//    than v1 there: its 8×8 variant sits at the 128-register cap that 2 blocks per SM need (a few spills, 4 of them
+//    inside the FMA loop) and each block runs its two GEMMs back to back behind barriers. The rest needs what a tuned
+//    SGEMM does (deeper pipeline, warp-specialised loads), or TF32 tensor cores (another precision).
 //  - forward + backward eager is CPU-bound (autograd and per-op launches); as a graph, the backward's 5 launches (dW
 //    and R-step per factor, then the reduce) cost about what cuBLAS's do.
 //
 // Units (this header holds what they share; each is its own build, so an edit of one rebuilds one):
-//   v3.cu        the F-step kernel and the per-factor forward (version 3; version 4 where the fused kernel does not
+//   v1.cu        the F-step kernel and the per-factor forward (version 1; version 2 where the fused kernel does not
 //                fit, or K = 1)
-//   backward.cu  the R-step, dW and reduce kernels and the backward driver (versions 3 and 4)
-//   v4.cu        the fused kernel, built once per dtype and block configuration (`// lab:variants dtype=f32,f64
+//   backward.cu  the R-step, dW and reduce kernels and the backward driver (versions 1 and 2)
+//   v2.cu        the fused kernel, built once per dtype and block configuration (`// lab:variants dtype=f32,f64
 //                cfg=0,1,2`): one instantiation of it alone takes 3-4 s of nvcc on the H100 machine
-//   v4_plan.cu   v4's planner (plan_fused: configuration and slice width c) and its launch; it reaches the three
+//   v2_plan.cu   v2's planner (plan_fused: configuration and slice width c) and its launch; it reaches the three
 //                configurations' kernels through the binding (FusedKernels below)
 // The others are built once per dtype (`// lab:variants dtype=f32,f64`); launchers are registered as "name@f32",
-// "name@f64" (v4.cu: "name@f32,0" ...); cpp_src/kron/kron.cpp (the binding) picks them by name, and asks v4's plan
-// before it launches v4.
+// "name@f64" (v2.cu: "name@f32,0" ...); cpp_src/kron/kron.cpp (the binding) picks them by name, and asks v2's plan
+// before it launches v2.
 #pragma once
 
 #include "lab_cuda.cuh"
@@ -346,8 +347,8 @@ template <class T> int pick_cfg(long rows, int f, int sms, bool allow_cfg1 = tru
   return best;
 }
 
-// ---- v4: what its kernel builds (v4.cu, one per dtype and configuration) and its planner (v4_plan.cu) share ------
-// The fused kernel's argument block (the kernel: v4.cu).
+// ---- v2: what its kernel builds (v2.cu, one per dtype and configuration) and its planner (v2_plan.cu) share ------
+// The fused kernel's argument block (the kernel: v2.cu).
 template <class T> struct FusedArgs {
   const T* x;
   T* y;
@@ -360,8 +361,8 @@ template <class T> struct FusedArgs {
   bool vec_x, vec_y;
 };
 
-// One build of v4.cu holds one configuration's fused kernel; the planner reaches all three through the binding, which
-// looks them up by name ("kron_v4_occupancy@f32,0", "kron_v4_launch@f32,0", ...) and hands them over in this order.
+// One build of v2.cu holds one configuration's fused kernel; the planner reaches all three through the binding, which
+// looks them up by name ("kron_v2_occupancy@f32,0", "kron_v2_launch@f32,0", ...) and hands them over in this order.
 template <class T> struct FusedKernels {
   int (*occupancy[kConfigs])(size_t smem);  // resident blocks per SM with `smem` bytes of dynamic shared memory
   cudaError_t (*launch[kConfigs])(const FusedArgs<T>* a, unsigned blocks, size_t smem, cudaStream_t s);

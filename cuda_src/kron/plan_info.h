@@ -1,11 +1,11 @@
-// kron/plan_info.h — the fields of v4's launch plan, named once: v4_plan.cu fills an array in this order, the binding
+// kron/plan_info.h — the fields of v2's launch plan, named once: v2_plan.cu fills an array in this order, the binding
 // (cpp_src/kron/kron.cpp, fused_plan) hands it to Python as a dict under these names. Plain C++, no CUDA.
 #pragma once
 
 namespace kron {
 enum PlanField {
-  kFits,         // 1: v4's fused kernel runs; 0: it does not fit and version 4 runs v3's per-factor forward
-  kCfg,          // block configuration (0..2: threads and register tile, cfg_shape in v4_plan.cu)
+  kFits,         // 1: v2's fused kernel runs; 0: it does not fit and version 2 runs v1's per-factor forward
+  kCfg,          // block configuration (0..2: threads and register tile, cfg_shape in v2_plan.cu)
   kC,            // columns of W_K per block (the slice width)
   kSlices,       // column slices per sample (blocks per sample)
   kSmemBytes,    // dynamic shared memory per block

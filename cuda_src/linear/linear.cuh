@@ -1,5 +1,6 @@
 // linear — nn.Linear's forward, y = x · Wᵀ + b, as a ladder of GEMM kernels from the naive loop to Hopper's
-// tensor cores, plus a batch-1 GEMV for the decoder's output layer.
+// tensor cores (op linear); and a second op, gemv: the same layer at a few rows (the decoder's output layer at
+// batch 1), a memory-bound GEMV with a version of its own.
 //
 //   x: (M, K) row-major (the binding flattens leading dims: M = batch·seq), W: (N, K) row-major — nn.Linear.weight
 //   (out_features, in_features) read in place, never transposed or copied —, b: (N,) or null, y: (M, N).
@@ -7,7 +8,9 @@
 //   Both operands are K-contiguous (BLAS "TN"): a coalesced load walks K, so every tiled kernel stores its x and W
 //   tiles K-major-transposed in shared memory (SIMT) or reads them K-major (tensor cores, which want exactly this).
 //
-// Versions (each adds one idea to the one before; all are kept and all take any size):
+// Versions of the GEMM (each adds one idea to the one before; all are kept and all take any size). Precision is a
+// dimension of a version, not a rung: v1..v9 take float32 tensors; v10 and v11 take float32 (multiplying in TF32) or
+// bfloat16 tensors, one kernel template built once per dtype.
 //   v1: naive — one thread per y element, K-loop from global memory; a warp's W load touches 32 rows (32 sectors).
 //   v2: coalesced — one warp per y element: lanes stride K together, so each load is one 128-B line of x and of W;
 //       a shuffle reduction at the end. Still 2 loads per FMA, all from L2.
@@ -26,19 +29,18 @@
 //       alignment (4-byte copies, zero-filled).
 //   v9: a bigger thread tile — 8x16 outputs per thread, 4 warps of 64x64 on the 128x128 tile (128 threads):
 //       6 LDS.128 feed 128 FMAs (v8: 4 feed 64), and half as many threads share the copy and index work.
-//   v10: tensor cores, TF32 — mma.sync.m16n8k8 on operands rounded to TF32 (10-bit mantissa, cvt.rna), fragments
-//        by ldmatrix from padded shared rows (conflict-free), a 4-stage cp.async pipeline; fp32 accumulate.
-//   v11: tensor cores, bf16 — the same kernel on bf16 operands (mma.sync.m16n8k16): half the bytes per operand
-//        and twice the MMA rate of TF32.
-//   v12: Hopper wgmma, TF32 — a warpgroup issues asynchronous 64x256x8 MMAs that read both operands from shared
-//        memory in the 128-B swizzled layout TMA writes; one producer warp drives TMA (cp.async.bulk.tensor) through
-//        4 mbarrier-guarded stages while two consumer warpgroups compute a 128x256 tile. The tensor core reads the
-//        fp32 bits and drops the low 13 mantissa bits (truncation; v10 rounds): ~2.6x the rounding error of TF32,
-//        still 5x inside the TF32 tolerance. Needs K·4 % 16 == 0 (TMA's stride rule), else it runs v10's kernel.
-//   v13: Hopper wgmma, bf16 — v12 on bf16 (64x256x16 MMAs); K % 8 == 0, otherwise v11's kernel.
-//   v14: GEMV for small M (the decoder's fc_out at batch 1): one warp per W row, all of a lane's 16-byte loads of
-//        the row in flight at once, x in shared memory, one wave of blocks; memory-bound: the goal is copy
-//        bandwidth on the weight.
+//   v10: tensor cores through mma.sync — float32: m16n8k8 on operands rounded to TF32 (10-bit mantissa, cvt.rna);
+//        bfloat16: m16n8k16, half the bytes per operand and twice the MMA rate of TF32. Fragments by ldmatrix from
+//        padded shared rows (conflict-free), a 4-stage cp.async pipeline; fp32 accumulate.
+//   v11: Hopper wgmma — a warpgroup issues asynchronous 64x256x8 (TF32) or 64x256x16 (bf16) MMAs that read both
+//        operands from shared memory in the 128-B swizzled layout TMA writes; one producer warp drives TMA
+//        (cp.async.bulk.tensor) through 4 mbarrier-guarded stages while two consumer warpgroups compute a 128x256
+//        tile. On float32 the tensor core reads the fp32 bits and drops the low 13 mantissa bits (truncation; v10
+//        rounds): ~2.6x the rounding error of TF32, still 5x inside the TF32 tolerance. Needs K·sizeof(T) % 16 == 0
+//        (TMA's stride rule), else it runs v10's kernel of the same dtype.
+// The gemv op (M rows, a few):
+//   gemv v1: one warp per W row, all of a lane's 16-byte loads of the row in flight at once, x in shared memory,
+//        one wave of blocks; memory-bound: the goal is copy bandwidth on the weight. float32.
 // All tiled versions visit tiles in groups of 8 block-rows (consecutive blocks share W tiles in L2) on a 1-D grid.
 // K == 0: y = b (or 0), written by a fill kernel.
 //
@@ -60,12 +62,12 @@
 //
 // Units (each its own build, so an edit rebuilds one; see lab/build.py): this header holds what they all share (fp32
 // helpers, cp.async wrappers); simt.cuh the SIMT tile pieces of v4..v9; tc.cuh what the tensor-core units share (bf16,
-// the paired epilogue store, ldmatrix/mma.sync wrappers); wgmma.cuh the Hopper wrappers of v12/v13.
+// the paired epilogue store, ldmatrix/mma.sync wrappers); wgmma.cuh the Hopper wrappers of v11.
 //   v1.cu .. v7.cu   one version each                 v8_v9.cu     async_copy_warptile, built per version (variants)
-//   v10_v11.cu       v10_mma_sync, built per dtype     v12_v13.cu   v12_wgmma, built per dtype
-//   v14.cu           the GEMV                          fill.cu      K == 0: y = b
+//   v10.cu           v10_mma_sync, built per dtype     v11.cu       v11_wgmma, built per dtype
+//   gemv_v1.cu       the GEMV (op gemv)                fill.cu      K == 0: y = b
 // The binding (cpp_src/linear/linear.cpp) picks the launcher: nothing when M or N is 0, fill when K == 0, and
-// v10/v11's for v12/v13 when TMA cannot take the operands.
+// v10's for v11 when TMA cannot take the operands.
 // Launchers (exported to cpp_src/linear/linear.cpp, looked up by name there):
 //   cudaError_t (const T* x, const T* w, const T* b, T* y, int M, int N, int K, cudaStream_t), T = float or bf16
 //   (the binding passes at::BFloat16*, the same 16-bit layout); M, N, K > 0 (the binding handles the empty cases).

@@ -1,4 +1,4 @@
-// linear/tc.cuh — what the tensor-core units (v10_v11.cu, v12_v13.cu) and the fill share (the ladder: linear.cuh):
+// linear/tc.cuh — what the tensor-core units (v10.cu, v11.cu) and the fill share (the ladder: linear.cuh):
 // bf16 and its conversions, the paired epilogue store, the ldmatrix and mma.sync wrappers. Apart from linear.cuh
 // because <cuda_bf16.h> costs every unit that includes it ~0.5 s of compile time.
 #pragma once

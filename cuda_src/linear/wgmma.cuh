@@ -1,4 +1,4 @@
-// linear/wgmma.cuh — the PTX wrappers of v12/v13 (the ladder: linear.cuh): mbarrier, TMA (cp.async.bulk.tensor),
+// linear/wgmma.cuh — the PTX wrappers of v11 (the ladder: linear.cuh): mbarrier, TMA (cp.async.bulk.tensor),
 // wgmma, setmaxnreg, the shared-memory matrix descriptor; each compiles to nothing outside sm_90a (LAB_SM90A,
 // linear.cuh).
 #pragma once

@@ -8,17 +8,19 @@ the (f_K, …, f_1) array (row-major: f_1 is the fastest axis); then
 which is `x @ torch.kron(W_K, torch.kron(…, W_1))` (the tests check exactly that) without the N×N matrix: each factor
 multiplies along its own axis, N·f_k FMAs per sample instead of N².
 
-Sources: cuda_src/kron/ (kron.cuh: the algebra of the steps and what the units share; v3.cu, v4.cu (the fused
-kernel), v4_plan.cu (its planner and launch), backward.cu), cpp_src/kron/ (kron.cpp: bindings and checks; cpu.cpp: the
-C++ CPU version). Versions:
-  cpu   C++ with at::parallel_for (the same steps as the CUDA code)
-  v1    PyTorch, naive: per factor reshape / matmul / movedim (every reshape of the moved view copies)
-  v2    PyTorch: one strided-batched GEMM per factor, the axis move folded into the operand layout (no copies)
-  v3    CUDA: one tiled kernel per factor; backward: per-factor R-step and split-K dW kernels
-  v4    CUDA: one fused kernel for all factors, each sample's state in shared memory (v3 where it does not fit)
-  full  baseline: builds the N×N matrix with torch.kron, then x @ M (what the factorisation avoids)
+Sources: cuda_src/kron/ (kron.cuh: the algebra of the steps and what the units share; v1.cu, v2.cu (the fused
+kernel), v2_plan.cu (its planner and launch), backward.cu), cpp_src/kron/ (kron.cpp: bindings and checks; cpu.cpp: the
+C++ CPU version). Versions (ours):
+  cpu         C++ with at::parallel_for (the same steps as the CUDA code)
+  v1          CUDA: one tiled kernel per factor; backward: per-factor R-step and split-K dW kernels
+  v2          CUDA: one fused kernel for all factors, each sample's state in shared memory (v1 where it does not fit)
+Baselines (PyTorch, named for what they run):
+  torch       what one writes first: per factor reshape / matmul / movedim (every reshape of the moved view copies)
+  torch.bmm   one strided-batched GEMM (torch.bmm) per factor, the axis move folded into the operand layout (no
+              copies); the baseline speedups are measured against
+  torch.kron  builds the N×N matrix with torch.kron, then x @ M (what the factorisation avoids)
 
-`kron(x, factors, version)` is differentiable (autograd.Function for cpu/v3/v4, PyTorch autograd for v1/v2/full).
+`kron(x, factors, version)` is differentiable (autograd.Function for cpu/v1/v2, PyTorch autograd for the baselines).
 """
 from __future__ import annotations
 
@@ -36,8 +38,8 @@ from ._common import elem_size, randn, strict_fp32
 
 FAMILY = "kron"
 MAX_FACTORS = 16  # as in cuda_src/kron/kron.cuh
-KERNELS = ("cpu", "v3", "v4")
-TORCH_VERSIONS = ("v1", "v2", "full")
+KERNELS = ("cpu", "v1", "v2")
+TORCH_VERSIONS = ("torch", "torch.bmm", "torch.kron")  # baselines
 
 
 def ext():
@@ -135,8 +137,8 @@ def kron_full_matrix(factors: Sequence[torch.Tensor]) -> torch.Tensor:
     return functools.reduce(torch.kron, list(factors)[::-1])
 
 
-# ---- v1, v2, full: PyTorch ----------------------------------------------------------------------------------------
-def kron_v1(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
+# ---- the baselines: PyTorch -----------------------------------------------------------------------------------------
+def kron_torch(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
     """Naive: per factor, multiply the last axis, then move the new axis to the front (W_1 first).
 
     (b, …, i_k) @ W_k -> (b, …, j_k) -> movedim -> (b, j_k, …); the next reshape copies the moved view.
@@ -150,12 +152,12 @@ def kron_v1(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
         return x.reshape(B, N)
 
 
-def kron_v2(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
+def kron_bmm(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
     """One strided-batched GEMM per factor, W_K first: y_b (P, f) = x_b (f, P)ᵀ · W, written row-major.
 
     x_b's transpose is a view cuBLAS reads as a transposed operand, W is broadcast with batch stride 0, and the GEMM's
     row-major output is already the next factor's input: no copies between the K GEMMs (the order of
-    cuda_src/kron/v3.cu).
+    cuda_src/kron/v1.cu).
     """
     B, N = x.shape
     with strict_fp32():
@@ -172,12 +174,12 @@ def kron_full(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
         return x @ kron_full_matrix(factors)
 
 
-PYTORCH = {"v1": kron_v1, "v2": kron_v2, "full": kron_full}
+PYTORCH = {"torch": kron_torch, "torch.bmm": kron_bmm, "torch.kron": kron_full}
 
 
-# ---- cpu, v3, v4: the compiled code ---------------------------------------------------------------------------------
+# ---- cpu, v1, v2: the compiled code ---------------------------------------------------------------------------------
 def _default(x: torch.Tensor) -> str:
-    return "v4" if x.is_cuda else "cpu"
+    return "v2" if x.is_cuda else "cpu"
 
 
 def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor | None = None,
@@ -186,7 +188,7 @@ def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor 
     """y = x · (W_K ⊗ … ⊗ W_1) into `out` with the compiled code, no autograd. x: (batch, N).
 
     states: None, or K-1 tensors (batch, N) that receive the intermediate states F_1 … F_{K-1} (for `backward`).
-    cfg, cols: force the CUDA block configuration (0..2) and v4's slice width (kron.tune); -1 / 0 = automatic.
+    cfg, cols: force the CUDA block configuration (0..2) and v2's slice width (kron.tune); -1 / 0 = automatic.
     """
     check_inputs(x, factors)
     out = torch.empty_like(x) if out is None else out
@@ -240,7 +242,8 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
     """y = x · (W_K ⊗ … ⊗ W_1), differentiable in x and every factor.
 
     x: (batch, N); factors: [W_1, …, W_K], W_k (f_k, f_k), N = f_1·…·f_K, W_1 on the fastest axis of x.
-    version: 'v1', 'v2', 'full' (PyTorch), 'cpu', 'v3', 'v4' (compiled; default v4 on CUDA, cpu on the CPU).
+    version: 'cpu', 'v1', 'v2' (compiled; default v2 on CUDA, cpu on the CPU) or a PyTorch baseline: 'torch',
+    'torch.bmm', 'torch.kron'.
     """
     check_inputs(x, factors)
     version = version or _default(x)
@@ -268,11 +271,11 @@ class KronLinear(torch.nn.Module):
         return f"factors={factors_label(self.sizes)}, N={math.prod(self.sizes)}, version={self.version}"
 
 
-# ---- v4's launch choice, and timing the alternatives ---------------------------------------------------------------
+# ---- v2's launch choice, and timing the alternatives ---------------------------------------------------------------
 def plan(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda", cfg: int = -1,
          cols: int = 0) -> dict:
-    """What v4 launches for this batch and factorisation: block configuration, slice width c (columns of W_K per
-    block), slices per sample, shared memory per block, resident blocks per SM; fits=0 means v4 runs v3. The field
+    """What v2 launches for this batch and factorisation: block configuration, slice width c (columns of W_K per
+    block), slices per sample, shared memory per block, resident blocks per SM; fits=0 means v2 runs v1. The field
     names come from the binding (written once, in cuda_src/kron/plan_info.h)."""
     like = torch.empty(0, dtype=dtype, device=device)
     return dict(ext().fused_plan(like, int(batch), list(parse_factors(sizes)), cfg, cols))
@@ -280,7 +283,7 @@ def plan(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
 
 def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda",
          budget_ms: float = 40.0) -> list[dict]:
-    """Time v4 for every (configuration, slice width) that fits and v3 for every configuration, against the automatic
+    """Time v2 for every (configuration, slice width) that fits and v1 for every configuration, against the automatic
     choice: rows (version, cfg, c, slices, blocks_per_sm, smem_bytes, median_us, auto)."""
     sizes = parse_factors(sizes)
     g = torch.Generator().manual_seed(0)
@@ -300,16 +303,16 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
             p = plan(batch, sizes, dtype, device, cfg, c)
             if not p["fits"]:
                 continue
-            rows.append({"version": "v4", "cfg": cfg, "c": p["c"], "slices": p["slices"],
+            rows.append({"version": "v2", "cfg": cfg, "c": p["c"], "slices": p["slices"],
                          "blocks_per_sm": p["blocks_per_sm"], "smem_bytes": p["smem_bytes"],
-                         "median_us": timed("v4", cfg, c),
+                         "median_us": timed("v2", cfg, c),
                          "auto": bool(auto["fits"] and auto["cfg"] == cfg and auto["c"] == p["c"])})
     for cfg in range(3):
-        rows.append({"version": "v3", "cfg": cfg, "c": None, "slices": None, "blocks_per_sm": None,
-                     "smem_bytes": None, "median_us": timed("v3", cfg, 0), "auto": False})
-    rows.append({"version": "v4 (auto)", "cfg": auto["cfg"], "c": auto["c"], "slices": auto["slices"],
+        rows.append({"version": "v1", "cfg": cfg, "c": None, "slices": None, "blocks_per_sm": None,
+                     "smem_bytes": None, "median_us": timed("v1", cfg, 0), "auto": False})
+    rows.append({"version": "v2 (auto)", "cfg": auto["cfg"], "c": auto["c"], "slices": auto["slices"],
                  "blocks_per_sm": auto["blocks_per_sm"], "smem_bytes": auto["smem_bytes"],
-                 "median_us": timed("v4", -1, 0), "auto": True})
+                 "median_us": timed("v2", -1, 0), "auto": True})
     return rows
 
 
@@ -383,16 +386,16 @@ def intensity(batch: int, sizes: Sequence[int] | str, dtype=torch.float32) -> fl
 
 IDEAS = {
     "cpu": "C++ with at::parallel_for: the same F-steps, 64-row blocks of y kept in cache",
-    "v1": "PyTorch, naive: reshape / matmul / movedim per factor (a copy per factor)",
-    "v2": "PyTorch: one strided-batched GEMM per factor, axis move folded into the operand layout",
-    "v3": "CUDA: one tiled kernel per factor (cp.async 2-stage pipeline, 8x8 or 4x4 register tiles)",
-    "v4": "CUDA: one fused kernel, the sample's state in shared memory from W_K to W_1",
-    "full": "torch.kron builds the N×N matrix, then x @ M",
+    "v1": "CUDA: one tiled kernel per factor (cp.async 2-stage pipeline, 8x8 or 4x4 register tiles)",
+    "v2": "CUDA: one fused kernel, the sample's state in shared memory from W_K to W_1",
+    "torch": "PyTorch as one writes it: reshape / matmul / movedim per factor (a copy per factor)",
+    "torch.bmm": "PyTorch: one strided-batched GEMM per factor, axis move folded into the operand layout",
+    "torch.kron": "torch.kron builds the N×N matrix, then x @ M",
 }
 
 DT = (torch.float32, torch.float64)
-# 1-wide and prime factors, K = 1..4, a batch that splits into many blocks, 128x128, and one shape over v4's
-# shared-memory limit (it falls back to v3)
+# 1-wide and prime factors, K = 1..4, a batch that splits into many blocks, 128x128, and one shape over v2's
+# shared-memory limit (it falls back to v1)
 CHECK = [{"batch": b, "factors": f} for b, f in [
     (3, "2x3"), (1, "5x7"), (5, "1x4x5"), (4, "13x17"), (3, "32x32"), (2, "8x16x32"), (3, "128x128"),
     (2, "2x3x2x5"), (7, "9"), (33, "12x20"), (1, "100x100x2")]]
@@ -412,32 +415,32 @@ def _versions(train: bool, full: bool = True) -> list[Version]:
         if train:
             vs.append(Version(name, _train(name), dev, IDEAS[name], takes_out=False, graph=name != "cpu"))
         else:
-            vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=name == "v3"))
+            vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=name == "v1"))
     for name in TORCH_VERSIONS:
-        if name == "full" and (train or not full):
+        if name == "torch.kron" and (train or not full):
             continue
         fn = _train(name) if train else _fwd_torch(name)
-        # full is checked by the tests on small N only (its N×N matrix is 4·N² bytes)
-        vs.append(Version(name, fn, "any", IDEAS[name], baseline=True, takes_out=False, check=name != "full",
-                          graph=name != "full"))
+        # torch.kron is checked by the tests on small N only (its N×N matrix is 4·N² bytes)
+        vs.append(Version(name, fn, "any", IDEAS[name], baseline=True, takes_out=False, check=name != "torch.kron",
+                          graph=name != "torch.kron"))
     return vs
 
 
 OPS = [
     Op(FAMILY, "forward", make_forward_inputs, kron_ref, _versions(False), CHECK, BENCH, BENCH_CPU, DT,
-       nbytes=_bytes, flops=_flops, formula=FORMULA, size_key="batch", baseline="v2", compute_ceiling="fma",
+       nbytes=_bytes, flops=_flops, formula=FORMULA, size_key="batch", baseline="torch.bmm", compute_ceiling="fma",
        doc="y = x · (W_K ⊗ … ⊗ W_1); batch sweep at factors 128×128"),
     Op(FAMILY, "forward_backward", make_train_inputs, train_ref, _versions(True), CHECK, BENCH, BENCH_CPU, DT,
        nbytes=lambda s, dt: (4.0 * s["batch"] * math.prod(_sizes(s)) + 2 * sum(f * f for f in _sizes(s)))
        * elem_size(dt),
-       flops=lambda s, dt: 3 * _flops(s, dt), formula=FORMULA_TRAIN, size_key="batch", baseline="v2",
+       flops=lambda s, dt: 3 * _flops(s, dt), formula=FORMULA_TRAIN, size_key="batch", baseline="torch.bmm",
        compute_ceiling="fma",
        doc="forward + backward (y, dx, every dW) through autograd"),
     Op(FAMILY, "factorizations", make_forward_inputs, kron_ref, _versions(False, full=False),
        [{"batch": 2, "factors": "4x6x8"}, {"batch": 3, "factors": "16x16x16x16"}],
        [{"batch": 256, "factors": f} for f in FACTORIZATIONS],
        [{"batch": 16, "factors": f} for f in ("32x32", "8x16x32", "64x64", "16x16x16")], DT,
-       nbytes=_bytes, flops=_flops, formula=FORMULA, size_key=None, baseline="v2", compute_ceiling="fma",
+       nbytes=_bytes, flops=_flops, formula=FORMULA, size_key=None, baseline="torch.bmm", compute_ceiling="fma",
        doc="forward across factorisations at batch 256"),
 ]
 

@@ -1,14 +1,18 @@
 """nn.Linear's forward, y = x·Wᵀ + b: an SGEMM ladder from the naive loop to Hopper's wgmma, and a batch-1 GEMV.
 
 Sources: cuda_src/linear/ (one unit per version, or per versions sharing a kernel template: v1.cu .. v7.cu, v8_v9.cu,
-v10_v11.cu, v12_v13.cu, v14.cu, fill.cu; linear.cuh holds the ladder's header comment and the shared helpers),
+v10.cu, v11.cu, gemv_v1.cu, fill.cu; linear.cuh holds the ladder's header comment and the shared helpers),
 cpp_src/linear/linear.cpp (binding, named checks), cpp_src/linear/cpu.cpp (the C++ CPU version).
-`linear(x, weight, bias, version=...)` takes nn.Linear's weight, (out_features, in_features), as stored; x may have
-any number of leading dims. Versions: 'cpu' (C++), 'v1'..'v9' (SIMT fp32), 'v10'/'v12' (TF32 tensor cores on fp32
-tensors), 'v11'/'v13' (bf16 tensor cores on bf16 tensors), 'v14' (GEMV, small batch).
+`linear(x, weight, bias, version=...)` and `gemv(...)` take nn.Linear's weight, (out_features, in_features), as
+stored; x may have any number of leading dims.
 
-Two ops: `linear` (the ladder, square problems up to 4096³) and `fc_out` (the seq2seq decoder's output layer,
-1280 -> 5893, at batch 1 .. 128: the memory-bound GEMV end).
+Three ops:
+  linear  the GEMM ladder on square problems up to 4096³. Versions: 'cpu' (C++), 'v1'..'v9' (SIMT, float32),
+          'v10' (mma.sync tensor cores) and 'v11' (Hopper wgmma), each on float32 tensors (multiplying in TF32) or
+          bfloat16 tensors: precision is a dimension of a version, picked by the inputs' dtype.
+  gemv    the same layer at a few rows, memory-bound: 'v1' (one warp per weight row, float32), beside F.linear.
+  fc_out  the seq2seq decoder's output layer, 1280 -> 5893, at batch 1 .. 128: the tiled GEMMs where gemv gives way
+          to them (gemv times the same layer at batch 1 .. 8).
 """
 from __future__ import annotations
 
@@ -36,12 +40,10 @@ IDEAS = {
     "v7": "warp tiling: 8x4 lanes over a 64x32 warp tile, conflict-free LDS.128",
     "v8": "async copies: cp.async into a 4-stage shared-memory ring, no register staging",
     "v9": "bigger thread tile: 8x16 outputs per thread, 6 LDS.128 per 128 FMAs",
-    "v10": "tensor cores, TF32: mma.sync m16n8k8, ldmatrix, 4-stage cp.async",
-    "v11": "tensor cores, bf16: mma.sync m16n8k16 (same kernel, bf16 operands)",
-    "v12": "Hopper wgmma TF32 (64x256x8) from TMA-filled swizzled smem, warp-specialised",
-    "v13": "Hopper wgmma bf16 (64x256x16), as v12",
-    "v14": "GEMV for small M: one warp per weight row, all its loads in flight, one wave",
+    "v10": "tensor cores: mma.sync (TF32 m16n8k8 / bf16 m16n8k16), ldmatrix, 4-stage cp.async",
+    "v11": "Hopper wgmma (TF32 64x256x8 / bf16 64x256x16) from TMA-filled swizzled smem, warp-specialised",
 }
+GEMV_IDEAS = {"v1": "GEMV for small M: one warp per weight row, all its loads in flight, one wave"}
 BEST_SIMT = "v8"  # the fastest fp32 SIMT version at 4096^3 on the H100 (see the notebook)
 
 
@@ -50,25 +52,46 @@ def ext():
     return build.load(FAMILY)
 
 
-def default_version(x: torch.Tensor) -> str:
-    """The fastest version at the input's precision: GEMV for a few rows, else the best tiled kernel."""
+GEMV_ROWS = 4  # up to this many rows of float32 x, the default is the gemv op's v1 (see fastest)
+
+
+def fastest(x: torch.Tensor) -> tuple[str, str]:
+    """(op, version): the fastest code for this input at its precision: the GEMV (op gemv) for a few float32 rows,
+    else the best tiled kernel of the ladder (op linear; strict fp32 stays SIMT, TF32 is opt-in by version)."""
     if not x.is_cuda:
-        return "cpu"
-    hopper = torch.cuda.get_device_capability(x.device)[0] == 9
+        return "linear", "cpu"
     if x.dtype == torch.bfloat16:
-        return "v13" if hopper else "v11"
-    return "v14" if math.prod(x.shape[:-1]) <= 4 else BEST_SIMT
+        return "linear", "v11" if torch.cuda.get_device_capability(x.device)[0] == 9 else "v10"
+    return ("gemv", "v1") if math.prod(x.shape[:-1]) <= GEMV_ROWS else ("linear", BEST_SIMT)
 
 
-# ---- wrapper ----------------------------------------------------------------------------------------------------
+# ---- wrappers ---------------------------------------------------------------------------------------------------
+def _out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    lead = tuple(x.shape[:-1]) if x.dim() >= 1 else ()
+    n = weight.shape[0] if weight.dim() == 2 else 0
+    return torch.empty(*lead, n, dtype=x.dtype, device=x.device)   # (..., out_features)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
            version: str | None = None) -> torch.Tensor:
-    """y = x @ weight.T + bias. x: (..., in_features), weight: (out_features, in_features), bias: (out_features,)."""
-    if out is None:
-        lead = tuple(x.shape[:-1]) if x.dim() >= 1 else ()
-        n = weight.shape[0] if weight.dim() == 2 else 0
-        out = torch.empty(*lead, n, dtype=x.dtype, device=x.device)
-    return ext().linear(x, weight, bias, out, version_number(version or default_version(x)))
+    """y = x @ weight.T + bias. x: (..., in_features), weight: (out_features, in_features), bias: (out_features,).
+
+    version: a rung of the GEMM ladder ('cpu', 'v1'..'v11'); None: the fastest for the input (`fastest`), which
+    for a few float32 rows is the gemv op's kernel."""
+    out = _out(x, weight) if out is None else out
+    if version is None:
+        op, version = fastest(x)
+        if op == "gemv":
+            return ext().gemv(x, weight, bias, out, version_number(version))
+    return ext().linear(x, weight, bias, out, version_number(version))
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+         version: str | None = None) -> torch.Tensor:
+    """The gemv op: y = x @ weight.T + bias for a few rows of x (any number works; it is made for M <= 4).
+    version: 'v1' (CUDA, float32; the default on CUDA) or 'cpu' (the C++ code linear's op runs too)."""
+    out = _out(x, weight) if out is None else out
+    return ext().gemv(x, weight, bias, out, version_number(version or ("v1" if x.is_cuda else "cpu")))
 
 
 # ---- reference and baselines ------------------------------------------------------------------------------------
@@ -87,17 +110,24 @@ def linear_torch_tf32(x, weight, bias=None):
 
 
 # ---- ops --------------------------------------------------------------------------------------------------------
-F32, BF16 = (torch.float32,), (torch.bfloat16,)
-PRECISION = {"v10": "tf32", "v12": "tf32"}
-DTYPES = {"v11": BF16, "v13": BF16}
+F32, F32_BF16 = (torch.float32,), (torch.float32, torch.bfloat16)
+PRECISION = {"v10": "tf32", "v11": "tf32"}   # on float32 tensors (Version.precision_at); bf16 on bfloat16 ones
+DTYPES = {"v10": F32_BF16, "v11": F32_BF16}
+CPU_IDEA = "C++: 2x4 micro-tiles, lane-wise partial sums, 64x64 tiles in parallel"
 
 
 def _version(name: str) -> Version:
     fn = lambda *a, out=None: linear(*a, out=out, version=name)  # noqa: E731
     if name == "cpu":
-        return Version("cpu", fn, "cpu", "C++: 2x4 micro-tiles, lane-wise partial sums, 64x64 tiles in parallel",
-                       dtypes=F32)
+        return Version("cpu", fn, "cpu", CPU_IDEA, dtypes=F32)
     return Version(name, fn, "cuda", IDEAS[name], precision=PRECISION.get(name), dtypes=DTYPES.get(name, F32))
+
+
+def _gemv_version(name: str) -> Version:
+    fn = lambda *a, out=None: gemv(*a, out=out, version=name)  # noqa: E731
+    if name == "cpu":
+        return Version("cpu", fn, "cpu", CPU_IDEA + " (the linear op's C++ code)", dtypes=F32)
+    return Version(name, fn, "cuda", GEMV_IDEAS[name], dtypes=F32)
 
 
 def _baselines() -> list[Version]:
@@ -139,7 +169,8 @@ CHECK = [_shape(*s) for s in [
 CHECK_LARGE = [_shape(*s) for s in [(1000, 513, 777), (300, 520, 1024, 0), (1100, 3900, 40)]]
 FC_CHECK = [_shape(*s) for s in [(1, 5893, 1280), (1, 37, 1283, 0), (3, 300, 64), (5, 129, 1281), (1, 1, 4)]]
 
-LADDER = [f"v{i}" for i in range(1, 14)]
+LADDER = [f"v{i}" for i in range(1, 12)]
+GEMV_ROWS_TIMED = (1, 2, 4, 8)  # the gemv op's batch sweep at fc_out's size (it is the default up to GEMV_ROWS)
 OPS = [
     Op(FAMILY, "linear", _inputs, linear_ref, [_version("cpu")] + [_version(v) for v in LADDER] + _baselines(),
        CHECK, [_shape(n, n, n) for n in (256, 512, 1024, 2048, 4096)],
@@ -147,18 +178,26 @@ OPS = [
        nbytes=_nbytes, flops=_flops,
        formula="TFLOP/s = 2·M·N·K / time; bytes = (MK + NK + MN + N)·sizeof(dtype); y = x·Wᵀ + b, M = N = K",
        size_key="M", compute_ceiling="gemm", doc="the SGEMM ladder on square problems, bias fused"),
+    Op(FAMILY, "gemv", _inputs, linear_ref, [_gemv_version("cpu"), _gemv_version("v1"), _baselines()[0]],
+       FC_CHECK, [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in GEMV_ROWS_TIMED],
+       [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 4)], (torch.float32,),
+       nbytes=_nbytes, flops=_flops,
+       formula="GB/s = (MK + NK + MN + N)·4 B / time (at M = 1 the weight is 99.9% of it); TFLOP/s = 2·M·N·K / time",
+       size_key="M", compute_ceiling=None,
+       doc="GEMV: the decoder's output layer 1280 -> 5893 at batch 1 .. 8, memory-bound (against F.linear)"),
     Op(FAMILY, "fc_out", _inputs, linear_ref,
-       [_version("cpu")] + [_version(v) for v in ("v14", "v8", "v9", "v10", "v12")] + _baselines(),
+       [_version("cpu")] + [_version(v) for v in ("v8", "v9", "v10", "v11")] + _baselines(),
        FC_CHECK, [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 2, 4, 8, 16, 32, 64, 128)],
        [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 8, 32)], (torch.float32,),
        nbytes=_nbytes, flops=_flops,
        formula="GB/s = (MK + NK + MN + N)·4 B / time (at M = 1 the weight is 99.9% of it); TFLOP/s = 2·M·N·K / time",
        size_key="M", compute_ceiling="gemm",
-       doc="the decoder's output layer 1280 -> 5893 at batch M: GEMV (memory-bound) to GEMM"),
+       doc="the decoder's output layer 1280 -> 5893 at batch M: the tiled GEMMs, from where the GEMV (op gemv) "
+           "gives way to them"),
 ]
 
-register(Family(FAMILY, "Linear: SGEMM ladder v1..v9, tensor cores (TF32/bf16, mma.sync and wgmma), GEMV", OPS,
-                notebook="notebooks/02_matmul_to_linear.ipynb"))
+register(Family(FAMILY, "Linear: SGEMM ladder v1..v9, tensor cores v10..v11 (TF32/bf16: mma.sync, wgmma); GEMV op",
+                OPS, notebook="notebooks/02_matmul_to_linear.ipynb"))
 
 
 # The compiler's report per version (registers, spills, SASS counts) is a study: lab/studies/linear.py.

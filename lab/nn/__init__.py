@@ -30,8 +30,9 @@ __all__ = ["Linear", "GRU", "KronLinear", "functional"]
 class Linear(torch.nn.Linear):
     """torch.nn.Linear whose forward is the lab's linear kernel (cuda_src/linear/): y = x Wᵀ + b.
 
-    x: (..., in_features) of the module's dtype and device. version: 'cpu', 'v1'..'v14' (default: the fastest for the
-    input, lab.kernels.linear.default_version)."""
+    x: (..., in_features) of the module's dtype and device. version: a rung of the GEMM ladder, 'cpu', 'v1'..'v11'
+    (v10, v11: TF32 on float32, bf16 on bfloat16); default: the fastest for the input, lab.kernels.linear.fastest
+    (the gemv op's kernel for a few float32 rows)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
                  version: str | None = None):

@@ -12,11 +12,13 @@ import subprocess
 from .. import build
 from ..kernels.linear import FAMILY
 
-KERNELS = {  # version -> substring of its kernel's symbol (the templated variants the launchers pick at 4096³)
+# version (with its precision where a version runs two; the gemv op's kernel named with its op) -> substring of its
+# kernel's symbol (the templated variants the launchers pick at 4096³)
+KERNELS = {
     "v1": "v1_naive", "v2": "v2_coalesced", "v3": "v3_smem_tiles", "v4": "v4_blocktile_1d", "v5": "v5_blocktile_2d",
     "v6": "v6_vectorizedILb1", "v7": "v7_warptileILb1", "v8": "async_copy_warptileILi2E",
-    "v9": "async_copy_warptileILi4E", "v10": "v10_mma_syncIfLb1", "v11": "v10_mma_syncI13__nv_bfloat16Lb1",
-    "v12": "v12_wgmmaIfLi256", "v13": "v12_wgmmaI13__nv_bfloat16Li256", "v14": "v14_gemvILi1ELi12ELb1ELb1",
+    "v9": "async_copy_warptileILi4E", "v10 tf32": "v10_mma_syncIfLb1", "v10 bf16": "v10_mma_syncI13__nv_bfloat16Lb1",
+    "v11 tf32": "v11_wgmmaIfLi256", "v11 bf16": "v11_wgmmaI13__nv_bfloat16Li256", "gemv v1": "gemv_v1ILi1ELi12ELb1ELb1",
 }
 SASS_OPS = ("FFMA", "LDS.128", "LDS", "STS", "LDG", "LDGSTS", "LDSM", "HMMA", "HGMMA", "UTMALDG", "BAR.SYNC")
 

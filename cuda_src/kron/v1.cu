@@ -1,4 +1,4 @@
-// kron/v3.cu — version 3's forward: one F-step kernel per factor (the algebra, the versions and the napkin math:
+// kron/v1.cu — version 1's forward: one F-step kernel per factor (the algebra, the versions and the napkin math:
 // kron.cuh). Version 4 runs this forward where its fused kernel does not fit, and for K = 1.
 // lab:variants dtype=f32,f64
 #include "kron.cuh"
@@ -6,7 +6,7 @@
 namespace kron {
 
 // ---------------------------------------------------------------------------------------------------------------
-// v3 forward: one F-step over the whole batch. Rows r = (b, p) flattened over B·P; y[r·f + j] = Σ_i x[b][i][p]·W[i][j]
+// v1 forward: one F-step over the whole batch. Rows r = (b, p) flattened over B·P; y[r·f + j] = Σ_i x[b][i][p]·W[i][j]
 // ---------------------------------------------------------------------------------------------------------------
 template <class T, class C>
 __global__ void __launch_bounds__(C::THREADS, C::MINB)
@@ -66,9 +66,9 @@ cudaError_t fstep(const T* x, const T* w, T* y, long B, long N, int f, int cfg, 
 }
 
 // ---- forward driver -----------------------------------------------------------------------------------------------
-// version 3: one F-step per factor (intermediates in `states` when given, else in scratch: forward_scratch());
-// version 4: the fused kernel (states saved when given), or version 3 where it does not fit / K = 1. The fused
-// kernel is v4.cu's; the binding asks its plan and calls this forward for version 4 only where it does not fit.
+// version 1: one F-step per factor (intermediates in `states` when given, else in scratch: forward_scratch());
+// version 2: the fused kernel (states saved when given), or version 1 where it does not fit / K = 1. The fused
+// kernel is v2.cu's; the binding asks its plan and calls this forward for version 2 only where it does not fit.
 template <class T>
 cudaError_t forward(int version, const T* x, T* y, const T* const* w, const int* f, int K, long B, long N,
                     T* const* states, T* scratch, int cfg, cudaStream_t s) {
@@ -77,7 +77,7 @@ cudaError_t forward(int version, const T* x, T* y, const T* const* w, const int*
   for (int st = 1; st <= K; ++st) {
     const int idx = K - st;  // W_{K-st+1}
     T* dst = st == K ? y : (states ? states[K - st - 1] : scratch + long((st - 1) & 1) * padded(B * N));
-    cudaError_t e = fstep(src, w[idx], dst, B, N, f[idx], version == 3 ? cfg : -1, s);
+    cudaError_t e = fstep(src, w[idx], dst, B, N, f[idx], version == 1 ? cfg : -1, s);
     if (e != cudaSuccess) return e;
     src = dst;
   }
@@ -88,9 +88,9 @@ inline long forward_scratch(long B, long N, int K) { return long(std::min(K - 1,
 
 }  // namespace kron
 
-// ---- the launchers cpp_src/kron/kron.cpp calls ("kron_v3_forward@f32", ...) -----------------------------------------
-//   kron_v3_forward: cudaError_t (int version, const T* x, T* y, const T* const* w, const int* f, int K, int64_t B,
+// ---- the launchers cpp_src/kron/kron.cpp calls ("kron_v1_forward@f32", ...) -----------------------------------------
+//   kron_v1_forward: cudaError_t (int version, const T* x, T* y, const T* const* w, const int* f, int K, int64_t B,
 //                                 int64_t N, T* const* states, T* scratch, int cfg, cudaStream_t)
 //   kron_forward_scratch: int64_t (int64_t B, int64_t N, int K)
-LAB_EXPORTS(LAB_EXPORT("kron_v3_forward", kron::forward<kron::Real>),
+LAB_EXPORTS(LAB_EXPORT("kron_v1_forward", kron::forward<kron::Real>),
             LAB_EXPORT("kron_forward_scratch", kron::forward_scratch))

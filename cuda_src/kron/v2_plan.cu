@@ -1,6 +1,6 @@
-// kron/v4_plan.cu — version 4's planner and launch: which block configuration and slice width c (plan_fused, a small
+// kron/v2_plan.cu — version 2's planner and launch: which block configuration and slice width c (plan_fused, a small
 // cost model; kron.tune() times the alternatives), whether the fused kernel fits at all (where it does not, and for
-// K = 1, the binding runs v3.cu's forward instead), and the kernel's arguments. The kernels themselves are v4.cu's
+// K = 1, the binding runs v1.cu's forward instead), and the kernel's arguments. The kernels themselves are v2.cu's
 // builds, one per configuration, handed over by the binding (FusedKernels, kron.cuh).
 // lab:variants dtype=f32,f64
 #include "kron.cuh"
@@ -12,7 +12,7 @@
 
 namespace kron {
 
-// ---- v4 planning: which configuration and slice width c --------------------------------------------------------
+// ---- v2 planning: which configuration and slice width c --------------------------------------------------------
 struct FusedPlan {
   bool ok = false;
   int cfg = -1, c = 0, nslices = 0, buf_elems = 0, nbuf = 0, ldA = 0, ldB = 0, blocks_per_sm = 0;
@@ -75,7 +75,7 @@ template <class T> double fused_cost(FusedPlan& p, long B, long N, const int* f,
   return std::max(t_fma, t_l2);
 }
 
-// kern: the three configurations' kernels (v4.cu). Their addresses are part of the cache key: a rebuilt v4.cu is
+// kern: the three configurations' kernels (v2.cu). Their addresses are part of the cache key: a rebuilt v2.cu is
 // loaded at new addresses (and may use other registers, so other occupancy), and is planned afresh.
 template <class T> FusedPlan plan_fused(long B, long N, const int* f, int K, int force_cfg, int force_c,
                                         const FusedKernels<T>& kern) {
@@ -152,7 +152,7 @@ cudaError_t fused(const T* x, T* y, const T* const* w, const int* f, int K, long
   return kern.launch[p.cfg](&a, unsigned(blocks), size_t(p.smem), s);  // cfg_shape<T>(p.cfg).threads threads
 }
 
-// The forward of version 4 where plan_fused says it fits (the binding asks kron_fused_plan first and runs v3.cu's
+// The forward of version 2 where plan_fused says it fits (the binding asks kron_fused_plan first and runs v1.cu's
 // forward where it does not); states: null, or the K-1 intermediate states to save for the backward.
 template <class T>
 cudaError_t fused_forward(const T* x, T* y, const T* const* w, const int* f, int K, long B, long N, T* const* states,
@@ -163,7 +163,7 @@ cudaError_t fused_forward(const T* x, T* y, const T* const* w, const int* f, int
   return fused(x, y, w, f, K, B, N, states, p, *kern, s);
 }
 
-// What v4 would launch, as the kPlanFields numbers the binding's fused_plan returns by name (plan_info.h).
+// What v2 would launch, as the kPlanFields numbers the binding's fused_plan returns by name (plan_info.h).
 template <class T>
 void fused_plan_info(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, const FusedKernels<T>* kern,
                      int64_t* info) {
@@ -184,10 +184,10 @@ void fused_plan_info(int64_t B, int64_t N, const int* f, int K, int cfg, int col
 
 }  // namespace kron
 
-// ---- the launchers cpp_src/kron/kron.cpp calls ("kron_v4_forward@f32", ...) -----------------------------------------
-//   kron_v4_forward: cudaError_t (const T* x, T* y, const T* const* w, const int* f, int K, int64_t B, int64_t N,
+// ---- the launchers cpp_src/kron/kron.cpp calls ("kron_v2_forward@f32", ...) -----------------------------------------
+//   kron_v2_forward: cudaError_t (const T* x, T* y, const T* const* w, const int* f, int K, int64_t B, int64_t N,
 //                                 T* const* states, int cfg, int cols, const FusedKernels<T>* kern, cudaStream_t)
 //   kron_fused_plan: void (int64_t B, int64_t N, const int* f, int K, int cfg, int cols, const FusedKernels<T>* kern,
 //                          int64_t* info /* [11] */)
-LAB_EXPORTS(LAB_EXPORT("kron_v4_forward", kron::fused_forward<kron::Real>),
+LAB_EXPORTS(LAB_EXPORT("kron_v2_forward", kron::fused_forward<kron::Real>),
             LAB_EXPORT("kron_fused_plan", kron::fused_plan_info<kron::Real>))

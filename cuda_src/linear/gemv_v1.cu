@@ -1,4 +1,5 @@
-// linear/v14.cu — GEMV for small M (the decoder's fc_out at batch 1) (the ladder: linear.cuh)
+// linear/gemv_v1.cu — the linear family's other op, gemv: y = x·Wᵀ + b for a few rows of x (the decoder's fc_out at
+// batch 1), memory-bound, so not a rung of the GEMM ladder; v1 is its first (and only) version (linear.cuh)
 #include "linear.cuh"
 
 #include <algorithm>
@@ -6,7 +7,7 @@
 namespace linear {
 
 // ---------------------------------------------------------------------------------------------------------------
-// v14: GEMV for small M. One warp per W row; a lane issues all U of its 16-byte loads of the row (predicated past
+// gemv v1: GEMV for small M. One warp per W row; a lane issues all U of its 16-byte loads of the row (predicated past
 // the end) before the first FMA, so a row costs one memory round trip (K = 1280: 10 loads per lane; U = 12 covers
 // K <= 1536 in one batch). W is read with ld.global.nc.L1::no_allocate (read once); x (M <= MR rows) is staged in
 // shared memory once per block. The grid is what fits on the GPU at once (one wave); warp w of block g takes rows
@@ -15,11 +16,11 @@ namespace linear {
 // at fc_out batch 1 on the H100: 5 blocks per SM fit, so 737 blocks ran as a wave and a 12% tail, and every row cost
 // two memory round trips.) The rework measured no better. Why the goal (85% of the large-copy rate; W's 30.2 MB alone
 // are 9.0 us at the datasheet's 3.35 TB/s) is out of reach at this size was measured by .ci/l2_flush_probe.py on the
-// H100: v14, cuBLAS, w.sum() and a copy of W, each after the lab's write flush and after a read flush, at 30.2 MB
+// H100: gemv v1, cuBLAS, w.sum() and a copy of W, each after the lab's write flush and after a read flush, at 30.2 MB
 // (fc_out's W, below the 50 MB L2) and 121 MB (4x the rows, above the L2); the numbers: notebook 02 and
 // results/<device>/l2_flush_probe.txt. Two things cost: the write flush leaves the L2 dirty and the kernel's misses
 // pay the write-back (it costs time at this size), and a 30 MB read is too short to reach the streaming rate: the
-// read rate rises with size (w.sum() reads W much more slowly at 30 MB than at 121 MB), and v14 is already faster
+// read rate rises with size (w.sum() reads W much more slowly at 30 MB than at 121 MB), and gemv v1 is already faster
 // than torch's read-only reduction of W and level with or ahead of cuBLAS. At 121 MB the same kernel reaches the
 // goal's fraction of copy after a read flush.
 // ---------------------------------------------------------------------------------------------------------------
@@ -36,7 +37,7 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
 
 // kVec: K % 4 == 0 and 16-byte aligned x, W (else scalar loads); kSmemX: x (M <= MR rows) staged in shared memory.
 template <int MR, int U, bool kVec, bool kSmemX>
-__global__ void __launch_bounds__(256) v14_gemv(const float* __restrict__ x, const float* __restrict__ w,
+__global__ void __launch_bounds__(256) gemv_v1(const float* __restrict__ x, const float* __restrict__ w,
                                                 const float* __restrict__ b, float* __restrict__ y, int M, int N,
                                                 int K) {
   extern __shared__ __align__(16) float xs[];
@@ -93,12 +94,12 @@ __global__ void __launch_bounds__(256) v14_gemv(const float* __restrict__ x, con
   }
 }
 
-// The launch of v14 for one configuration: the grid is the number of blocks resident at once (or fewer, one row
+// The launch of gemv v1 for one configuration: the grid is the number of blocks resident at once (or fewer, one row
 // per warp), or `blocks` when given (> 0; the tuning sweep).
 template <int MR, int U, bool kVec, bool kSmemX>
 cudaError_t launch_gemv_cfg(const float* x, const float* w, const float* b, float* y, int M, int N, int K,
                             int blocks, cudaStream_t s) {
-  auto kernel = v14_gemv<MR, U, kVec, kSmemX>;
+  auto kernel = gemv_v1<MR, U, kVec, kSmemX>;
   const int smem = kSmemX ? M * K * int(sizeof(float)) : 0;
   if (blocks <= 0) {
     int per_sm = 0;
@@ -110,9 +111,9 @@ cudaError_t launch_gemv_cfg(const float* x, const float* w, const float* b, floa
   return cudaGetLastError();
 }
 
-constexpr int kGemvU = 12;  // 16-byte loads in flight per lane in v14 (K <= 1536 in one batch; 75 registers at M = 1)
+constexpr int kGemvU = 12;  // 16-byte loads in flight per lane (K <= 1536 in one batch; 75 registers at M = 1)
 
-cudaError_t forward_v14(const float* x, const float* w, const float* b, float* y, int M, int N, int K,
+cudaError_t forward_gemv_v1(const float* x, const float* w, const float* b, float* y, int M, int N, int K,
                         cudaStream_t s) {
   if (!vec_in(x, w, K)) return launch_gemv_cfg<4, 1, false, false>(x, w, b, y, M, N, K, 0, s);
   const bool smem_x = M <= 4 && int64_t(M) * K * 4 <= 48 * 1024;
@@ -125,4 +126,4 @@ cudaError_t forward_v14(const float* x, const float* w, const float* b, float* y
 
 }  // namespace linear
 
-LAB_EXPORTS(LAB_EXPORT("v14", linear::forward_v14))
+LAB_EXPORTS(LAB_EXPORT("gemv_v1", linear::forward_gemv_v1))

@@ -1,14 +1,14 @@
-// kron/v4.cu — version 4: one fused kernel for every factor, each sample's state in shared memory (the algebra,
+// kron/v2.cu — version 2: one fused kernel for every factor, each sample's state in shared memory (the algebra,
 // the versions and the napkin math: kron.cuh). Built once per dtype and block configuration, so an edit compiles one
 // instantiation per build (in parallel); the planner that picks the configuration and slice width c, and fills the
-// arguments, is v4_plan.cu.
+// arguments, is v2_plan.cu.
 // lab:variants dtype=f32,f64 cfg=0,1,2
 #include "kron.cuh"
 
 namespace kron {
 
 // ---------------------------------------------------------------------------------------------------------------
-// v4: every factor in one kernel, the state in shared memory.
+// v2: every factor in one kernel, the state in shared memory.
 // Block (b, slice) computes y[b] rows j_K in [c0, c0 + c): step 1 stages x[b] (f_K × P1) through the pipeline and
 // writes the state (P1, c) = x[b]ᵀ·W_K[:, c0:c0+c] to shared memory; steps 2..K read it in place (k-major, as the
 // next factor wants it) and stage only the factor; the last step writes y. c is a multiple of 4, so every state row
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) fused_kernel(const __grid
   }
 }
 
-// ---- this build's configuration: occupancy and launch, for v4_plan.cu ----------------------------------------------
+// ---- this build's configuration: occupancy and launch, for v2_plan.cu ----------------------------------------------
 #if defined(LAB_VARIANT_cfg_0)
 constexpr int kCfg = 0;
 #elif defined(LAB_VARIANT_cfg_1)
@@ -168,5 +168,5 @@ cudaError_t fused_launch(const FusedArgs<Real>* a, unsigned blocks, size_t smem,
 
 }  // namespace kron
 
-// ---- what v4_plan.cu calls, through the binding ("kron_v4_occupancy@f32,0", ...) -----------------------------------
-LAB_EXPORTS(LAB_EXPORT("kron_v4_occupancy", kron::fused_occupancy), LAB_EXPORT("kron_v4_launch", kron::fused_launch))
+// ---- what v2_plan.cu calls, through the binding ("kron_v2_occupancy@f32,0", ...) -----------------------------------
+LAB_EXPORTS(LAB_EXPORT("kron_v2_occupancy", kron::fused_occupancy), LAB_EXPORT("kron_v2_launch", kron::fused_launch))

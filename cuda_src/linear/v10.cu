@@ -1,5 +1,5 @@
-// linear/v10_v11.cu — tensor cores through mma.sync: TF32 (v10, float32 tensors) and bf16 (v11); one kernel template,
-// built once per dtype (the ladder: linear.cuh). v12/v13 run this kernel too when TMA cannot take their operands
+// linear/v10.cu — v10, tensor cores through mma.sync: TF32 on float32 tensors, bf16 on bfloat16 tensors; one kernel
+// template, built once per dtype (the ladder: linear.cuh). v11 runs this kernel too when TMA cannot take its operands
 // (the binding sends them here).
 // lab:variants dtype=f32,bf16
 #include "linear.cuh"
@@ -8,7 +8,7 @@
 namespace linear {
 
 // ---------------------------------------------------------------------------------------------------------------
-// v10 / v11: mma.sync tensor cores. 128x128 block tile, 8 warps as 2 (m) x 4 (n), warp tile 64x32 = 4x4 MMA tiles.
+// v10: mma.sync tensor cores. 128x128 block tile, 8 warps as 2 (m) x 4 (n), warp tile 64x32 = 4x4 MMA tiles.
 // Each stage holds 64 bytes of K (TF32: 16, bf16: 32 elements) for 128 rows of x and 128 rows of W, rows padded to
 // 80 B so the 8 row addresses of an ldmatrix fall in 8 different 16-B bank groups (80·r mod 128 distinct, r < 8).
 // Per 32 bytes of K (one MMA k-step, k8 TF32 / k16 bf16) the fragment addressing is the same in bytes for both
@@ -132,11 +132,11 @@ cudaError_t launch_mma(const T* x, const T* w, const T* b, T* y, int M, int N, i
 }
 
 #if defined(LAB_VARIANT_dtype_f32)
-using T = float;  // v10: TF32 multiplies on float32 tensors
+using T = float;  // v10 on float32 tensors: TF32 multiplies
 #elif defined(LAB_VARIANT_dtype_bf16)
-using T = bf16;   // v11
+using T = bf16;   // v10 on bfloat16 tensors
 #else
-#error "v10_v11.cu is built once per dtype (// lab:variants dtype=f32,bf16): define LAB_VARIANT_dtype_f32 or _bf16"
+#error "v10.cu is built once per dtype (// lab:variants dtype=f32,bf16): define LAB_VARIANT_dtype_f32 or _bf16"
 #endif
 
 cudaError_t forward_mma(const T* x, const T* w, const T* b, T* y, int M, int N, int K, cudaStream_t s) {
@@ -145,5 +145,5 @@ cudaError_t forward_mma(const T* x, const T* w, const T* b, T* y, int M, int N, 
 
 }  // namespace linear
 
-// registered as "mma_sync@f32" (v10) and "mma_sync@bf16" (v11; bf16 is at::BFloat16's 16-bit layout)
+// registered as "mma_sync@f32" and "mma_sync@bf16" (v10 at either dtype; bf16 is at::BFloat16's 16-bit layout)
 LAB_EXPORTS(LAB_EXPORT("mma_sync", linear::forward_mma))

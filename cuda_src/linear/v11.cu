@@ -1,5 +1,5 @@
-// linear/v12_v13.cu — Hopper wgmma fed by TMA: TF32 (v12, float32 tensors) and bf16 (v13); one kernel template, built
-// once per dtype (the ladder: linear.cuh; the PTX wrappers: wgmma.cuh)
+// linear/v11.cu — v11, Hopper wgmma fed by TMA: TF32 on float32 tensors, bf16 on bfloat16 tensors; one kernel
+// template, built once per dtype (the ladder: linear.cuh; the PTX wrappers: wgmma.cuh)
 // lab:variants dtype=f32,bf16
 #include "linear.cuh"
 #include "tc.cuh"
@@ -8,7 +8,7 @@
 namespace linear {
 
 // ---------------------------------------------------------------------------------------------------------------
-// v12 / v13: Hopper. TMA writes each stage in the 128-B swizzled K-major layout (rows of 128 B = 32 fp32 or 64 bf16
+// v11: Hopper. TMA writes each stage in the 128-B swizzled K-major layout (rows of 128 B = 32 fp32 or 64 bf16
 // along K, 16-B chunks XOR-ed with row % 8); wgmma reads it through a shared-memory descriptor: start address,
 // stride between 8-row groups (SBO = 1024 B), swizzle mode. One wgmma covers 32 bytes of K (k8 TF32, k16 bf16), so
 // the k-th step of a stage starts 32·k bytes into the row (the swizzle is applied on the address, base 1024-aligned).
@@ -28,7 +28,7 @@ struct Cfg {
 }  // namespace wg
 
 template <class T, int BN>
-__global__ void __launch_bounds__(384, 1) v12_wgmma(const __grid_constant__ CUtensorMap tmx,
+__global__ void __launch_bounds__(384, 1) v11_wgmma(const __grid_constant__ CUtensorMap tmx,
                                                     const __grid_constant__ CUtensorMap tmw, const T* __restrict__ b,
                                                     T* __restrict__ y, int M, int N, int K, bool vec_out) {
 #ifdef LAB_SM90A
@@ -136,33 +136,33 @@ cudaError_t launch_wgmma_bn(const T* x, const T* w, const T* b, T* y, int M, int
     return cudaErrorInvalidValue;
   const int64_t g = tiles(M, N, C::BM, BN);
   if (g > kMaxGrid) return cudaErrorInvalidConfiguration;
-  auto kernel = v12_wgmma<T, BN>;
+  auto kernel = v11_wgmma<T, BN>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (e != cudaSuccess) return e;
   kernel<<<unsigned(g), 384, C::SMEM, s>>>(tmx, tmw, b, y, M, N, K, vec_out);
   return cudaGetLastError();
 }
 
-// v12/v13: 128x256 tiles when they fill the GPU, else 128x128 (twice the blocks: fc_out at M = 128 has 24 tiles of
+// v11: 128x256 tiles when they fill the GPU, else 128x128 (twice the blocks: fc_out at M = 128 has 24 tiles of
 // 256 columns for 132 SMs). TMA needs 16-byte aligned rows: otherwise the mma.sync kernel of the same precision,
-// which lives in its own unit (v10_v11.cu): the binding sends such operands there (the same test, tma_ok in
+// which lives in its own unit (v10.cu): the binding sends such operands there (the same test, tma_ok in
 // cpp_src/linear/linear.cpp), so this launcher refuses them.
 template <class T>
 cudaError_t launch_wgmma(const T* x, const T* w, const T* b, T* y, int M, int N, int K, bool vec_out,
                          cudaStream_t s) {
   if (device_major() != 9) return cudaErrorNotSupported;  // wgmma/TMA: Hopper (the module is built for sm_90a)
   const bool tma_ok = (int64_t(K) * sizeof(T)) % 16 == 0 && aligned(x, 16) && aligned(w, 16);
-  if (!tma_ok) return cudaErrorInvalidValue;  // the binding calls v10/v11's launcher (mma_sync@...) instead
+  if (!tma_ok) return cudaErrorInvalidValue;  // the binding calls v10's launcher (mma_sync@...) instead
   if (tiles(M, N, 128, 256) >= lab::sm_count()) return launch_wgmma_bn<T, 256>(x, w, b, y, M, N, K, vec_out, s);
   return launch_wgmma_bn<T, 128>(x, w, b, y, M, N, K, vec_out, s);
 }
 
 #if defined(LAB_VARIANT_dtype_f32)
-using T = float;  // v12: TF32 (the tensor core truncates the fp32 bits) on float32 tensors
+using T = float;  // v11 on float32 tensors: TF32 (the tensor core truncates the fp32 bits)
 #elif defined(LAB_VARIANT_dtype_bf16)
-using T = bf16;   // v13
+using T = bf16;   // v11 on bfloat16 tensors
 #else
-#error "v12_v13.cu is built once per dtype (// lab:variants dtype=f32,bf16): define LAB_VARIANT_dtype_f32 or _bf16"
+#error "v11.cu is built once per dtype (// lab:variants dtype=f32,bf16): define LAB_VARIANT_dtype_f32 or _bf16"
 #endif
 
 cudaError_t forward_wgmma(const T* x, const T* w, const T* b, T* y, int M, int N, int K, cudaStream_t s) {
@@ -171,5 +171,5 @@ cudaError_t forward_wgmma(const T* x, const T* w, const T* b, T* y, int M, int N
 
 }  // namespace linear
 
-// registered as "wgmma@f32" (v12) and "wgmma@bf16" (v13; bf16 is at::BFloat16's 16-bit layout)
+// registered as "wgmma@f32" and "wgmma@bf16" (v11 at either dtype; bf16 is at::BFloat16's 16-bit layout)
 LAB_EXPORTS(LAB_EXPORT("wgmma", linear::forward_wgmma))
