@@ -28,8 +28,7 @@ import time
 
 import torch
 
-from . import bench, build, buildtime, env, isolate, page, plot, profile, registry, report, results, verify, watcher
-from .verify import dtype_name
+from . import bench, build, buildtime, env, page, plot, registry, report, results, steps, watcher
 
 DTYPES = {"f": torch.float32, "float32": torch.float32, "d": torch.float64, "float64": torch.float64,
           "h": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -121,16 +120,12 @@ def cmd_check(args) -> int:
         for fam in _families(args.families):
             print(f"[lab] check {fam.name} on {dev.type}", flush=True)
             for op in _ops(fam, args):
-                if args.isolate:
-                    rs = isolate.check_op(op, dev, args.version, _dtypes(args), timeout=args.timeout,
-                                          shapes=_shapes(args, op), seeds=range(args.seeds), progress=args.verbose,
-                                          lean=args.lean)
+                rs = steps.check(op, dev, _dtypes(args), args.version, _shapes(args, op), seeds=range(args.seeds),
+                                 isolated=args.isolate, timeout=args.timeout, lean=args.lean, progress=args.verbose)
+                if args.isolate and not args.verbose:
                     for r in rs:
-                        if not r.passed and not args.verbose:
+                        if not r.passed:
                             print("  " + r.line(), flush=True)
-                else:
-                    rs = verify.check_op(op, dev, _dtypes(args), args.version, _shapes(args, op),
-                                         seeds=range(args.seeds), progress=args.verbose, lean=args.lean)
                 total += len(rs)
                 failed += sum(not r.passed for r in rs)
                 if not args.verbose:
@@ -145,66 +140,36 @@ def cmd_check(args) -> int:
 
 def cmd_bench(args) -> int:
     dev = _devices(args)[0]
+    broken = []
     for fam in _families(args.families):
         if fam.needs_gpu and dev.type != "cuda":
             print(f"[lab] skip {fam.name}: its benchmarks need a GPU")
             continue
         for op in ([] if args.extra and not args.op else _ops(fam, args)):   # --extra alone: only those
-            versions = args.version
-            if not args.no_check:
-                # validate, then benchmark: one seed over the check shapes (in workers with --isolate: a version that
-                # crashes or hangs there is not timed either); a wrong version is not timed
-                if args.isolate:
-                    rs = isolate.check_op(op, dev, args.version, _dtypes(args), timeout=args.timeout, seeds=(0,))
-                else:
-                    rs = verify.check_op(op, dev, _dtypes(args), args.version, seeds=(0,))
-                wrong = sorted({r.version for r in rs if not r.passed})
-                if wrong:
-                    print(f"[lab] {fam.name}.{op.name}: not timed, wrong on the check shapes: "
-                          f"{', '.join(wrong)} (`python -m lab check {fam.name} --op {op.name}` says where)",
-                          flush=True)
-                    names = [v.name for v in op.versions_for(dev, None, args.version)]
-                    versions = [n for n in names if n not in wrong]
-                    if not versions:
-                        continue
-            if args.isolate:
-                rows, failed = isolate.bench_op(op, dev, versions, _dtypes(args), timeout=args.timeout,
-                                                shapes=_shapes(args, op), record=not args.dry)
-                for f in failed:
-                    print(f"[lab] {f.line()}", flush=True)
-            else:
-                rows = bench.bench_op(op, dev, _dtypes(args), versions, _shapes(args, op), record=not args.dry)
+            rows = steps.benchmark(op, dev, _dtypes(args), args.version, _shapes(args, op), record=not args.dry,
+                               validate=not args.no_check, isolated=args.isolate, timeout=args.timeout)
             if rows:
                 for dt in sorted({r["dtype"] for r in rows}):
                     sel = [r for r in rows if r["dtype"] == dt]
                     print(bench.compare_table(sel))
                     print(bench.summary_table(sel) + "\n")
         if not args.op:
-            for name, fn in fam.extras.items():
-                if args.extra and name not in args.extra:
-                    continue
-                print(f"[lab] {fam.name} extra: {name}", flush=True)
-                rows = fn(dev, record=not args.dry)
-                if rows:
-                    print(bench.summary_table(rows) + "\n")
-    return 0
+            rows, failed = steps.extras(fam, dev, record=not args.dry, only=args.extra)
+            broken += failed
+            if rows:
+                print(bench.summary_table(rows) + "\n")
+    return 1 if broken else 0
 
 
 def cmd_profile(args) -> int:
     dev = _devices(args)[0]
     for fam in _families(args.families):
         for op in _ops(fam, args):
-            dtypes = _dtypes(args) or op.dtypes[:1]
-            shape = (_shapes(args, op) or op.shapes_for(dev))
-            shape = shape[len(shape) // 2]
-            for dt in dtypes:
-                inputs = op.make_inputs(shape, dt, dev, torch.Generator().manual_seed(0))
-                for v in op.versions_for(dev, dt, args.version):
-                    call = bench._timed_call(v, inputs)
-                    name = f"{fam.name}_{op.name}_{v.name}_{dtype_name(dt)}_{dev.type}".replace(".", "-")
-                    table, trace = profile.profile(call, name, dev.type)
-                    print(f"== {fam.name}.{op.name} {v.name} {dtype_name(dt)} {registry.shape_label(shape)}\n{table}")
-                    print(f"   trace: {trace}")
+            shapes = _shapes(args, op)
+            for title, table, trace in steps.profile_op(fam, op, dev, _dtypes(args), args.version,
+                                                        shapes[len(shapes) // 2] if shapes else None):
+                print(f"== {title}\n{table}")
+                print(f"   trace: {trace}")
     return 0
 
 

@@ -10,13 +10,13 @@ Progress is printed as it goes; what is skipped is said, with the reason.
 from __future__ import annotations
 
 import json
+import pathlib
 import time
 
 import torch
 
-from . import bench, build, buildtime, env, plot, profile, registry, results, verify
+from . import bench, build, buildtime, env, plot, registry, results, steps, verify
 from .ceilings import ceilings, ceilings_cached
-from .verify import dtype_name
 
 
 def _say(msg: str) -> None:
@@ -55,12 +55,14 @@ def run(args) -> int:
     # the CPU versions are checked in CI on every push; a --quick GPU run checks the GPU versions only
     devices = ([] if (args.quick and gpu) else [torch.device("cpu")]) + ([torch.device("cuda")] if gpu else [])
     checks: list[verify.CheckResult] = []
+    checked: dict[tuple[str, str, str], list[verify.CheckResult]] = {}   # (family, op, device type) -> results
     for fam in fams:
         for d in devices:
             for op in fam.ops:
-                rs = verify.check_op(op, d, seeds=range(3))   # three seeds, quick or not (README's promise)
+                rs = steps.check(op, d, seeds=range(3))   # three seeds, quick or not (README's promise)
                 verify.record(rs, fam.name, d)
                 checks += rs
+                checked[(fam.name, op.name, d.type)] = rs
                 _say(f"  check {fam.name}.{op.name} on {d.type}: {sum(r.passed for r in rs)}/{len(rs)} passed")
     failed = [r for r in checks if not r.passed]
 
@@ -83,15 +85,13 @@ def run(args) -> int:
                 shapes = op.shapes_for(dev)
                 if args.quick:
                     shapes = shapes[::2]
-                rows += bench.bench_op(op, dev, shapes=shapes)
-            for name, fn in fam.extras.items():
-                _say(f"  {fam.name} extra: {name}")
-                try:
-                    rows += fn(dev, record=True, quick=args.quick)
-                except Exception as e:  # an extra that fails says why in the summary; the report goes on
-                    _say(f"  {fam.name} extra {name} FAILED: {type(e).__name__}: {e}")
-                    skipped.append(f"{fam.name} extra {name}: failed with {type(e).__name__}: {e}")
-                    broken_extras.append(f"{fam.name}.{name}")
+                # validate, then benchmark: the checks of step 2 on this device already named the wrong versions
+                wrong = steps.wrong_versions(checked.get((fam.name, op.name, dev.type), []))
+                rows += steps.benchmark(op, dev, shapes=shapes, validate=False, skip=wrong, say=_say)
+            extra_rows, failed_extras = steps.extras(fam, dev, record=True, quick=args.quick, say=_say)
+            rows += extra_rows
+            skipped += failed_extras
+            broken_extras += [f.split(":")[0] for f in failed_extras]
 
     # 4. profile (--quick: the newest kernel version and the baseline of each op, not every version)
     _say("[4/5] profiling ...")
@@ -104,13 +104,10 @@ def run(args) -> int:
             if args.quick:
                 kernels = [v for v in versions if not v.baseline]
                 versions = kernels[-1:] + [v for v in versions if v.name == op.baseline]
-            inputs = op.make_inputs(shape, dt, dev, torch.Generator().manual_seed(0))
-            for v in versions:
-                name = f"{fam.name}_{op.name}_{v.name}_{dtype_name(dt)}_{dev.type}".replace(".", "-")
-                try:
-                    profile.profile(bench._timed_call(v, inputs), name, dev.type)
-                except RuntimeError as e:
-                    skipped.append(f"profile {fam.name}.{op.name} {v.name}: {e}")
+            try:
+                steps.profile_op(fam, op, dev, [dt], [v.name for v in versions], shape)
+            except RuntimeError as e:
+                skipped.append(f"profile {fam.name}.{op.name}: {e}")
 
     # 5. plots + summary
     _say("[5/5] plots and summary ...")
@@ -278,7 +275,7 @@ def readme_status(device_dir) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_readme_status(path=None) -> "Path":
+def write_readme_status(path=None) -> "pathlib.Path":
     """README's status table (between the status markers), one per device folder with rows."""
     path = path or env.ROOT / "README.md"
     text = path.read_text()

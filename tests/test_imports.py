@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {"lab.ceilings"},                                    # copy / GEMM / FMA ceilings, timed with lab.timing
     {"lab.bench"},                                       # the sweep over an op: timing / ceilings -> rows
     {"lab.isolate", "lab.plot"},                         # versions in worker processes; figures from the rows
+    {"lab.steps"},                                       # check / bench / profile an op: what report and CLI share
     {"lab.buildtime", "lab.watcher"},                    # the edit-and-rerun benchmark (and its figure); watch
     {"lab.page"},                                        # every device's results on one page
     {"lab.report"},                                      # the main job

@@ -1,0 +1,98 @@
+"""The steps `python -m lab report` and the CLI commands (check, bench, profile) share, written once: check an op's
+versions, benchmark an op (validate, then benchmark), profile an op's versions, run a family's extras.
+
+    rs = steps.check(op, dev)                       # every version against its float64 reference, three seeds
+    rows = steps.benchmark(op, dev)                 # one-seed check first; a wrong version is named, not timed
+    steps.profile_op(fam, op, dev)                  # a profiler table and trace per version, at the middle shape
+    rows, failed = steps.extras(fam, dev)           # the family's extra benchmarks (studies), each one guarded
+
+`isolate=True` runs each version in a worker process (lab.isolate): a crash or a hang is that version's result.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from . import bench, isolate, profile, registry, verify
+from .registry import Family, Op
+from .verify import CheckResult, dtype_name
+
+
+def _say(msg: str) -> None:
+    print(f"[lab] {msg}", flush=True)
+
+
+def check(op: Op, device: torch.device, dtypes=None, versions=None, shapes=None, seeds: Iterable[int] = range(3),
+          *, isolated: bool = False, timeout: float = 300, lean: bool = False,
+          progress: bool = False) -> list[CheckResult]:
+    """Every version of `op` (or those named) on `device` against the float64 reference."""
+    if isolated:
+        return isolate.check_op(op, device, versions, dtypes, timeout=timeout, shapes=shapes, seeds=seeds,
+                                progress=progress, lean=lean)
+    return verify.check_op(op, device, dtypes, versions, shapes, seeds=seeds, progress=progress, lean=lean)
+
+
+def wrong_versions(results: Iterable[CheckResult]) -> list[str]:
+    return sorted({r.version for r in results if not r.passed})
+
+
+def benchmark(op: Op, device: torch.device, dtypes=None, versions=None, shapes=None, *, record: bool = True,
+          validate: bool = True, skip: Iterable[str] = (), isolated: bool = False, timeout: float = 300,
+          say: Callable[[str], None] = _say) -> list[dict]:
+    """Validate, then benchmark: each version is checked first (one seed, the check shapes) unless validate=False
+    (the caller checked already: pass the wrong ones as `skip`); a wrong version is named and not timed."""
+    skip = set(skip)
+    if validate:
+        skip |= set(wrong_versions(check(op, device, dtypes, versions, seeds=(0,), isolated=isolated,
+                                         timeout=timeout)))
+    if skip:
+        say(f"{op.family}.{op.name}: not timed, wrong on the check shapes: {', '.join(sorted(skip))} "
+            f"(`python -m lab check {op.family} --op {op.name}` says where)")
+        names = [v.name for v in op.versions_for(device, None, versions)]
+        versions = [n for n in names if n not in skip]
+        if not versions:
+            return []
+    if isolated:
+        rows, failed = isolate.bench_op(op, device, versions, dtypes, timeout=timeout, shapes=shapes, record=record)
+        for f in failed:
+            say(f.line())
+        return rows
+    return bench.bench_op(op, device, dtypes, versions, shapes, record=record)
+
+
+def profile_op(fam: Family, op: Op, device: torch.device, dtypes=None, versions=None, shape: dict | None = None
+               ) -> list[tuple[str, str, str]]:
+    """A profiler table and a trace file per version at `shape` (default: the op's middle bench shape), per dtype
+    (default: the op's first). Returns (title, table, trace path) per profiled version."""
+    if shape is None:
+        shapes = op.shapes_for(device)
+        shape = shapes[len(shapes) // 2]
+    out = []
+    for dt in dtypes or op.dtypes[:1]:
+        inputs = op.make_inputs(shape, dt, device, torch.Generator().manual_seed(0))
+        for v in op.versions_for(device, dt, versions):
+            name = f"{fam.name}_{op.name}_{v.name}_{dtype_name(dt)}_{device.type}".replace(".", "-")
+            table, trace = profile.profile(bench._timed_call(v, inputs), name, device.type)
+            out.append((f"{fam.name}.{op.name} {v.name} {dtype_name(dt)} {registry.shape_label(shape)}", table,
+                        trace))
+    return out
+
+
+def extras(fam: Family, device: torch.device, *, record: bool = True, quick: bool = False,
+           only: Iterable[str] | None = None, say: Callable[[str], None] = _say) -> tuple[list[dict], list[str]]:
+    """The family's extra benchmarks (lab/studies/<family>.py attaches them). One that raises is reported and the
+    rest go on. Returns (rows, the names of the extras that failed with why)."""
+    rows: list[dict] = []
+    failed: list[str] = []
+    only = set(only) if only else None
+    for name, fn in fam.extras.items():
+        if only is not None and name not in only:
+            continue
+        say(f"{fam.name} extra: {name}")
+        try:
+            rows += fn(device, record=record, quick=quick)
+        except Exception as e:  # an extra that fails says why; the run goes on
+            say(f"{fam.name} extra {name} FAILED: {type(e).__name__}: {e}")
+            failed.append(f"{fam.name}.{name}: failed with {type(e).__name__}: {e}")
+    return rows, failed
