@@ -9,6 +9,7 @@
                            results/index.html: every device's results on one self-contained page
   report [FAMILY ...]      the main job: build, check, bench, profile, plot every family the machine can run
   summary [--readme]       this machine's results/<device>/SUMMARY.md (--readme: README's status table)
+  compare [--new C]        did anything get slower? a commit's rows against the earlier rows of the same measurement
   watch FAMILY             on every save: rebuild what changed, check and time the versions it touches
   buildtime [FAMILY ...]   the edit-and-rerun benchmark: cold/warm builds and one-line edits, into
                            results/<device>/build_times.csv (a scratch copy of the sources, an empty cache);
@@ -28,7 +29,7 @@ import time
 
 import torch
 
-from . import bench, build, buildtime, env, page, plot, registry, report, results, steps, watcher
+from . import bench, build, buildtime, compare, env, page, plot, registry, report, results, steps, watcher
 
 DTYPES = {"f": torch.float32, "float32": torch.float32, "d": torch.float64, "float64": torch.float64,
           "h": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -271,6 +272,13 @@ def main(argv=None) -> int:
     sp.add_argument("--all", action="store_true", help="every device that has rows (rewrites their figures)")
     sp = sub.add_parser("summary", help="write this machine's results/<device>/SUMMARY.md from its rows")
     sp.add_argument("--readme", action="store_true", help="instead: README's status table, from every device's rows")
+    sp = sub.add_parser("compare", help="a commit's rows against the earlier rows of the same measurements: what got "
+                                        "slower (exit 1 if anything did)")
+    sp.add_argument("--new", help="the commit whose rows are compared (default: the newest rows' commit)")
+    sp.add_argument("--base", help="compare only with this commit's rows (default: each row's newest earlier one)")
+    sp.add_argument("--tolerance", type=float, default=0.05, help="slower = median above base by more than this "
+                    "fraction, with the p20-p80 bands apart (default 0.05)")
+    sp.add_argument("--top", type=int, default=20, help="lines to print")
     sp = sub.add_parser("report", help="build, check, bench, profile and plot everything this machine can run")
     sp.add_argument("families", nargs="*")
     sp.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
@@ -295,7 +303,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     handler = {"list": cmd_list, "build": cmd_build, "check": cmd_check, "bench": cmd_bench,
                "profile": cmd_profile, "plot": cmd_plot, "report": cmd_report, "watch": cmd_watch,
-               "summary": cmd_summary,
+               "summary": cmd_summary, "compare": compare.main,
                "buildtime": cmd_buildtime}[args.cmd]
     try:
         return handler(args)

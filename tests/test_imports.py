@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"lab.isolate", "lab.plot"},                         # versions in worker processes; figures from the rows
     {"lab.steps"},                                       # check / bench / profile an op: what report and CLI share
     {"lab.buildtime", "lab.watcher"},                    # the edit-and-rerun benchmark (and its figure); watch
-    {"lab.page"},                                        # every device's results on one page
+    {"lab.page", "lab.compare"},                         # every device's results on one page; what got slower
     {"lab.report"},                                      # the main job
     {"lab.__main__"},                                    # the CLI
     {"lab.magic"},                                       # the notebook magics (they call the CLI)

@@ -123,3 +123,24 @@ def test_build_time_table_puts_together_the_newest_run_of_each_family():
                    ("(all)", "cold_build_all"): "38.0"}
     md = buildtime.readme_table(rows)
     assert "| gru | 9.0 s (v3.cu) | – | – | 8.0 s" in md and "| linear | 4.0 s (v1.cu)" in md and "every family 38.0 s" in md
+
+
+def test_compare_flags_only_real_slowdowns_and_maps_old_names():
+    from lab import compare
+    def row(version, commit, ts, med, p20, p80, family="kron", op="forward", shape="batch=8 factors=64x64"):
+        return {"device_name": "GPU", "family": family, "op": op, "version": version, "dtype": "float32",
+                "shape": shape, "mode": "events", "commit": commit, "timestamp": ts, "median_us": str(med),
+                "p20_us": str(p20), "p80_us": str(p80)}
+    rows = [
+        row("v3", "old1111", "2026-11-20T10:00:00", 100, 99, 101),                    # kron's old v3 = today's v1
+        row("v1", "new2222", "2026-11-25T10:00:00", 120, 119, 121),                    # 20% slower, bands apart
+        row("v4", "old1111", "2026-11-20T10:00:00", 100, 90, 110),                     # old v4 = today's v2
+        row("v2", "new2222", "2026-11-25T10:00:00", 108, 95, 112),                     # 8% slower, bands overlap: noise
+        row("v1", "old1111", "2026-11-20T10:00:00", 50, 49, 51),                       # old v1 = today's torch
+        row("torch", "new2222", "2026-11-25T10:00:00", 49, 48, 50),
+    ]
+    es = {e["version"]: e for e in compare.compare(rows, renamed=set())}
+    assert set(es) == {"v1", "v2", "torch"}
+    assert es["v1"]["slower"] and es["v1"]["base_us"] == 100 and abs(es["v1"]["ratio"] - 1.2) < 1e-9
+    assert not es["v2"]["slower"] and not es["torch"]["slower"]
+    assert "1 slower" in compare.report(list(es.values()))
