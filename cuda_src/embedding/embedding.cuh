@@ -125,6 +125,34 @@ cudaError_t launch_fwd_v1(const I* idx, const T* weight, T* out, int64_t tokens,
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// One warp copies one row of `dim` elements. kVec: as 16-byte vectors (uint4: 4 fp32, 8 bf16, 2 fp64; the caller
+// checked that dim * sizeof(T) is a multiple of 16 and both rows are 16-byte aligned), kUnroll vectors per lane loaded
+// before the first store (at D = 1024 fp32 a row is 256 vectors, 8 per lane: a warp has the whole 4 KB row in flight
+// in two steps). kStream (forward v4): evict-first stores (st.global.cs).
+template <class T, bool kVec, bool kStream>
+__device__ __forceinline__ void copy_row(const T* __restrict__ src, T* __restrict__ dst, int64_t dim, int lane) {
+  constexpr int kUnroll = 4;
+  auto store = [](auto* p, auto v) {
+    if constexpr (kStream) __stcs(p, v); else *p = v;
+  };
+  if constexpr (kVec) {
+    const int64_t nvec = dim * int64_t(sizeof(T)) / 16;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    int64_t v = lane;
+    for (; v + 32 * (kUnroll - 1) < nvec; v += 32 * kUnroll) {
+      uint4 r[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) r[k] = __ldg(s + v + 32 * k);
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) store(d + v + 32 * k, r[k]);
+    }
+    for (; v < nvec; v += 32) store(d + v, __ldg(s + v));
+  } else {
+    for (int64_t c = lane; c < dim; c += 32) store(dst + c, src[c]);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // forward v3 / v4: v2's warp-per-row copy with the range check fused in. bad_pos: one word the caller set to ~0 (all
 // ones) on this stream; after the kernel it holds the smallest token position with a bad index, or stays ~0.
@@ -136,11 +164,8 @@ __global__ void __launch_bounds__(kBlock) embedding_fwd_checked(const I* __restr
                                                            T* __restrict__ out, int64_t tokens, int64_t dim,
                                                            int64_t num_embeddings,
                                                            unsigned long long* __restrict__ bad_pos) {
-  constexpr int kWarps = kBlock / 32, kUnroll = 4;
+  constexpr int kWarps = kBlock / 32;
   const int lane = threadIdx.x & 31;
-  auto store = [](auto* p, auto v) {
-    if constexpr (kStream) __stcs(p, v); else *p = v;
-  };
   for (int64_t t = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); t < tokens; t += int64_t(gridDim.x) * kWarps) {
     const I n = idx[t];
     T* dst = out + t * dim;
@@ -149,23 +174,7 @@ __global__ void __launch_bounds__(kBlock) embedding_fwd_checked(const I* __restr
       for (int64_t c = lane; c < dim; c += 32) dst[c] = bad_row_value<T>();
       continue;
     }
-    const T* src = weight + int64_t(n) * dim;
-    if constexpr (kVec) {
-      const int64_t nvec = dim * int64_t(sizeof(T)) / 16;
-      const uint4* s = reinterpret_cast<const uint4*>(src);
-      uint4* d = reinterpret_cast<uint4*>(dst);
-      int64_t v = lane;
-      for (; v + 32 * (kUnroll - 1) < nvec; v += 32 * kUnroll) {
-        uint4 r[kUnroll];
-#pragma unroll
-        for (int k = 0; k < kUnroll; ++k) r[k] = __ldg(s + v + 32 * k);
-#pragma unroll
-        for (int k = 0; k < kUnroll; ++k) store(d + v + 32 * k, r[k]);
-      }
-      for (; v < nvec; v += 32) store(d + v, __ldg(s + v));
-    } else {
-      for (int64_t c = lane; c < dim; c += 32) store(dst + c, src[c]);
-    }
+    copy_row<T, kVec, kStream>(weight + int64_t(n) * dim, dst, dim, lane);
   }
 }
 

@@ -9,16 +9,13 @@ constexpr int kWarps = kBlock / 32;  // rows (forward) or sorted positions (back
 // ---------------------------------------------------------------------------------------------------------------
 // forward v2: one warp per row
 // ---------------------------------------------------------------------------------------------------------------
-// kVec: the row is copied as uint4 (16 bytes: 4 fp32, 8 bf16, 2 fp64); the launcher picks it only when D * sizeof(T)
-// is a multiple of 16 and both base pointers are 16-byte aligned, so every row starts on a 16-byte boundary. The
-// index is read once per row by the whole warp (one broadcast load), not once per element as in v1. kUnroll vectors
-// per lane are loaded before the first store: at D = 1024 fp32 a row is 256 vectors, 8 per lane, so a warp has the
-// whole 4 KB row in flight at once.
+// The index is read once per row by the whole warp (one broadcast load), not once per element as in v1, and the row
+// is copied by copy_row (embedding.cuh): as 16-byte vectors (kVec) when the launcher found D * sizeof(T) a multiple
+// of 16 and both base pointers 16-byte aligned (so every row starts on a 16-byte boundary), else element by element.
 template <class T, class I, bool kVec>
 __global__ void __launch_bounds__(kBlock) embedding_fwd_v2(const I* __restrict__ idx, const T* __restrict__ weight,
                                                            T* __restrict__ out, int64_t tokens, int64_t dim,
                                                            int64_t num_embeddings) {
-  constexpr int kUnroll = 4;
   const int lane = threadIdx.x & 31;
   for (int64_t t = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); t < tokens; t += int64_t(gridDim.x) * kWarps) {
     const I n = idx[t];
@@ -27,23 +24,7 @@ __global__ void __launch_bounds__(kBlock) embedding_fwd_v2(const I* __restrict__
       for (int64_t c = lane; c < dim; c += 32) dst[c] = bad_row_value<T>();
       continue;
     }
-    const T* src = weight + int64_t(n) * dim;
-    if constexpr (kVec) {
-      const int64_t nvec = dim * int64_t(sizeof(T)) / 16;
-      const uint4* s = reinterpret_cast<const uint4*>(src);
-      uint4* d = reinterpret_cast<uint4*>(dst);
-      int64_t v = lane;
-      for (; v + 32 * (kUnroll - 1) < nvec; v += 32 * kUnroll) {
-        uint4 r[kUnroll];
-#pragma unroll
-        for (int k = 0; k < kUnroll; ++k) r[k] = __ldg(s + v + 32 * k);
-#pragma unroll
-        for (int k = 0; k < kUnroll; ++k) d[v + 32 * k] = r[k];
-      }
-      for (; v < nvec; v += 32) d[v] = __ldg(s + v);
-    } else {
-      for (int64_t c = lane; c < dim; c += 32) dst[c] = src[c];
-    }
+    copy_row<T, kVec, false>(weight + int64_t(n) * dim, dst, dim, lane);
   }
 }
 
