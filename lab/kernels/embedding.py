@@ -253,4 +253,5 @@ OPS = [
        doc="dense grad_weight: grad_out rows added into the rows their indices name; padding_idx's row 0"),
 ]
 
-register(Family(FAMILY, "Embedding: row gather forward, scatter-add and sorted deterministic backward", OPS))
+register(Family(FAMILY, "Embedding: row gather forward, scatter-add and sorted deterministic backward", OPS,
+                notebook="notebooks/09_embedding.ipynb"))

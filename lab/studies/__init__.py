@@ -11,6 +11,7 @@ notes, compiler reports, extra figures, a study's own command line. `lab/studies
     seq2seq   the seq2seq model's decoder step and greedy decode (extras of gru), its before/after profile
     kron      the original study's command line (`python -m lab.kron`)
     rope      what torch.compile costs before its first run (extra)
+    embedding issue 16's goals read from the rows, the determinism and index-check probes, the ladder's figure
     survey    how the seq2seq model reaches the GPU: operators -> kernels and launch configurations, CUDA runtime
               calls, the dispatcher ladder (notebook 08; its figures attach to gru)
 """
