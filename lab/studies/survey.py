@@ -1222,6 +1222,9 @@ def redraw(device_name: str | None = None) -> Path | None:
     if not rows:
         return None
     first = plot_operator_kernels(rows, "forward")
+    batches = sorted({int(r["batch"]) for r in rows if r["phase"] == "decoder step"})
+    if batches:   # notebook 08 draws the step at its largest batch
+        plot_operator_kernels(rows, "decoder step", batches[-1], name="survey_ops_decoder_step")
     plot_api_calls(rows)
     plot_ladder(rows)
     return first
