@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -51,7 +53,8 @@ class Timing:
 
 
 _flush_buf: dict[int, torch.Tensor] = {}
-_SLEEP_CYCLES = 20_000  # ~10 us at the H100's 1.98 GHz boost clock
+_CYCLES_PER_US = 2_000  # torch.cuda._sleep spins clock cycles: ~1 us at the H100's 1.98 GHz boost clock (longer when
+                        # the clock is lower: a longer head start, never a shorter one)
 
 
 FLUSH_MODES = ("write", "read")
@@ -99,22 +102,31 @@ def time_cuda(fn: Callable[[], object], *, graph: bool = False, flush: bool = Tr
         fn()
     run = capture_graph(fn).replay if graph else fn
     torch.cuda.synchronize()
+    # the host's time to enqueue one call (Python wrapper, checks, launches; no sync): the GPU gets a head start of
+    # a busy kernel at least this long before each timed call, so the host has enqueued start, fn and end before the
+    # GPU reaches them and the events time the GPU's work, not the launch latency (the fixed 10 us it was before is
+    # shorter than the host path of a Python wrapper with checks, or of F.linear on a busy host)
+    host = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        run()
+        host.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    head_start_us = min(2000.0, 10.0 + 1.5e6 * statistics.median(host))
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
     for _ in range(3):
         run()
     e.record()
     torch.cuda.synchronize()
-    est_ms = max(s.elapsed_time(e) / 3, 1e-3) + (0.05 if flush else 0.0)
+    est_ms = max(s.elapsed_time(e) / 3, 1e-3) + (0.05 if flush else 0.0) + head_start_us / 1000
     n = int(min(max_reps, max(min_reps, budget_ms / est_ms)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
         if flush:
             flush_l2()
-            # keep the GPU busy ~10 us more, so the host has enqueued start, fn and end before the GPU reaches them:
-            # a small kernel's time is then the GPU's, not the Python wrapper's launch latency
-            torch.cuda._sleep(_SLEEP_CYCLES)
+        torch.cuda._sleep(int(head_start_us * _CYCLES_PER_US))   # flushed or warm alike (see head_start_us)
         starts[i].record()
         run()
         ends[i].record()
