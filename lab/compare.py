@@ -7,52 +7,17 @@ measurement: same family, op, version, dtype, shape and mode, on the same device
 
 A row counts as slower when its median is more than `--tolerance` (default 5%) above the base's median AND the two
 runs' p20-p80 bands do not overlap (run-to-run spread on the H100 is a few percent: a 5% change inside overlapping
-bands is noise). Old rows are renamed first (lab/renames.json: issue 13's vocabulary), so kron's old "v3" is compared
-with today's "v1", and linear's old v14 at batch 1 with the gemv op's v1.
+bands is noise). Rows come in today's vocabulary (lab.results.current_names, lab/renames.json), so kron's old "v3" is
+compared with today's "v1", and linear's old v14 at batch 1 with the gemv op's v1.
 """
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
+from . import results
 
-from . import env, results
-
-RENAMES = Path(__file__).with_name("renames.json")
 KEY = ("device_name", "family", "op", "version", "dtype", "shape", "mode")
 
 
-def _renamer(path: Path = RENAMES):
-    table = json.loads(path.read_text())["renames"]
-    m = {(r["family"], r["op"], r["version"], r["dtype"]): (r["new_op"], r["new_version"]) for r in table}
-
-    def rename(row: dict, new_names: set) -> dict:
-        # only rows from before the rename: a name that exists in the new rows' vocabulary for this (family, op) and
-        # is also an old name (kron: v1, v2) is ambiguous; the commit decides, given by the caller as `new_names`
-        k = (row["family"], row["op"], row["version"], row["dtype"])
-        if k in m and row.get("commit") not in new_names:
-            row = dict(row)
-            row["op"], row["version"] = m[k]
-        return row
-    return rename
-
-
-def _renamed_commits() -> set[str]:
-    """Commits whose rows already use the new names: those after the commit that added lab/renames.json."""
-    try:
-        added = subprocess.run(["git", "log", "--diff-filter=A", "--abbrev=7", "--format=%h", "--", str(RENAMES)], cwd=env.ROOT,
-                               capture_output=True, text=True, check=True).stdout.split()
-        if not added:
-            return set()
-        after = subprocess.run(["git", "log", "--abbrev=7", "--format=%h", f"{added[-1]}^..HEAD"], cwd=env.ROOT,
-                               capture_output=True, text=True, check=True).stdout.split()
-        return {c[:7] for c in after}
-    except (OSError, subprocess.CalledProcessError):
-        return set()
-
-
-def compare(rows: list[dict], new: str | None = None, base: str | None = None, tolerance: float = 0.05,
-            renamed: set[str] | None = None) -> list[dict]:
+def compare(rows: list[dict], new: str | None = None, base: str | None = None, tolerance: float = 0.05) -> list[dict]:
     """One entry per measurement of commit `new` (default: the newest commit in `rows`) that has an earlier one: the
     base row (of commit `base`, or the newest earlier one), the ratio new/base of medians, and whether it is slower."""
     if not rows:
@@ -60,10 +25,7 @@ def compare(rows: list[dict], new: str | None = None, base: str | None = None, t
     rows = [r for r in rows if r.get("median_us") not in (None, "")]
     if new is None:
         new = max(rows, key=lambda r: r["timestamp"])["commit"]
-    rename = _renamer()
-    renamed = _renamed_commits() if renamed is None else renamed
-    renamed = renamed | {new}
-    rows = [rename(r, renamed) for r in rows]
+    rows = [results.current_names(r) for r in rows]   # (read() did this already for rows from the CSVs)
     new_rows = [r for r in rows if r["commit"] == new]
     start = min((r["timestamp"] for r in new_rows), default="")
     out = []

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import functools
 import io
+import json
 import os
 import time
 import uuid
@@ -79,9 +81,38 @@ def append(rows: list[dict], path: Path | None = None, columns: list[str] | None
     return path
 
 
+RENAMES = Path(__file__).with_name("renames.json")
+
+
+@functools.cache
+def _renames() -> tuple[str, dict]:
+    d = json.loads(RENAMES.read_text())
+    return d["renamed_at"], {(r["family"], r["op"], r["version"], r["dtype"]): (r["new_op"], r["new_version"])
+                             for r in d["renames"]}
+
+
+def current_names(row: dict) -> dict:
+    """A row recorded before lab/renames.json's renamed_at, in today's vocabulary (op, version, and the baseline
+    column's name); a newer row unchanged. The CSVs keep what was recorded; read() applies this on the way in."""
+    before, table = _renames()
+    if not row.get("family") or (row.get("timestamp") or "") >= before:
+        return row
+    row = dict(row)
+    new = table.get((row["family"], row.get("op"), row.get("version"), row.get("dtype")))
+    base = row.get("baseline")
+    if base:
+        name, sep, mode = base.partition(" (")
+        b = table.get((row["family"], row.get("op"), name, row.get("dtype")))
+        if b:
+            row["baseline"] = b[1] + sep + mode
+    if new:
+        row["op"], row["version"] = new
+    return row
+
+
 def read(path: Path | None = None, numeric: set[str] | None = None, name: str = TABLE, **where) -> list[dict]:
-    """Rows as dicts (numbers as floats, empty as None), optionally filtered: read(family='basics', device='cuda').
-    Without a path: every device's results/<device>/<name>."""
+    """Rows as dicts (numbers as floats, empty as None), in today's vocabulary (current_names), optionally filtered:
+    read(family='basics', device='cuda'). Without a path: every device's results/<device>/<name>."""
     if path is None:
         return [r for d in env.device_dirs() for r in read(d / name, numeric, **where)]
     if not path.exists():
@@ -95,6 +126,7 @@ def read(path: Path | None = None, numeric: set[str] | None = None, name: str = 
                     row[k] = float(v) if v not in ("", None) else None
                 else:
                     row[k] = v if v != "" else None
+            row = current_names(row)
             if all(str(row.get(k)) == str(v) for k, v in where.items()):
                 out.append(row)
     return out

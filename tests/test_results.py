@@ -133,14 +133,29 @@ def test_compare_flags_only_real_slowdowns_and_maps_old_names():
                 "p20_us": str(p20), "p80_us": str(p80)}
     rows = [
         row("v3", "old1111", "2026-11-20T10:00:00", 100, 99, 101),                    # kron's old v3 = today's v1
+        # (rows before lab/renames.json's renamed_at are read in today's names; newer ones as they are)
         row("v1", "new2222", "2026-11-25T10:00:00", 120, 119, 121),                    # 20% slower, bands apart
         row("v4", "old1111", "2026-11-20T10:00:00", 100, 90, 110),                     # old v4 = today's v2
         row("v2", "new2222", "2026-11-25T10:00:00", 108, 95, 112),                     # 8% slower, bands overlap: noise
         row("v1", "old1111", "2026-11-20T10:00:00", 50, 49, 51),                       # old v1 = today's torch
         row("torch", "new2222", "2026-11-25T10:00:00", 49, 48, 50),
     ]
-    es = {e["version"]: e for e in compare.compare(rows, renamed=set())}
+    es = {e["version"]: e for e in compare.compare(rows)}
     assert set(es) == {"v1", "v2", "torch"}
     assert es["v1"]["slower"] and es["v1"]["base_us"] == 100 and abs(es["v1"]["ratio"] - 1.2) < 1e-9
     assert not es["v2"]["slower"] and not es["torch"]["slower"]
     assert "1 slower" in compare.report(list(es.values()))
+
+
+def test_old_rows_are_read_in_todays_names_and_new_rows_as_recorded():
+    from lab import results
+    before, _ = results._renames()
+    old = {"family": "kron", "op": "forward", "version": "v3", "dtype": "float32", "timestamp": "2026-11-20T10:00:00",
+           "baseline": "v2 (graph)"}
+    assert old["timestamp"] < before
+    r = results.current_names(old)
+    assert (r["version"], r["baseline"]) == ("v1", "torch.bmm (graph)")
+    newer = dict(old, timestamp="2099-01-01T00:00:00")
+    assert results.current_names(newer) == newer
+    gemv = {"family": "linear", "op": "fc_out", "version": "v14", "dtype": "float32", "timestamp": "2026-11-22T12:46:45"}
+    assert (results.current_names(gemv)["op"], results.current_names(gemv)["version"]) == ("gemv", "v1")
