@@ -4,7 +4,9 @@
   build [FAMILY ...]       compile (CUDA too when a GPU or TORCH_CUDA_ARCH_LIST is present)
   check [FAMILY ...]       verify every version against the float64 PyTorch reference
   bench [FAMILY ...]       time versions and baselines; append to results/<device>/results.csv
-  profile FAMILY           torch.profiler tables and Chrome traces of each version of each op
+  profile FAMILY           torch.profiler tables and Chrome traces of each version of each op; its kernels (each
+                           once, by category) into results/<device>/profiles.csv and a figure drawn from them;
+                           --ncu: each version's kernels under Nsight Compute into results/<device>/ncu.csv
   plot                     redraw results/<device>/plots/ of this machine's devices (--device NAME, --all), and
                            results/index.html: every device's results on one self-contained page
   report [FAMILY ...]      the main job: build, check, bench, profile, plot every family the machine can run
@@ -29,7 +31,8 @@ import time
 
 import torch
 
-from . import bench, build, buildtime, compare, env, page, plot, registry, report, results, steps, watcher
+from . import bench, build, buildtime, compare, env, page, plot, profile, registry, report, results, steps, watcher
+from .verify import dtype_name
 
 DTYPES = {"f": torch.float32, "float32": torch.float32, "d": torch.float64, "float64": torch.float64,
           "h": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -164,14 +167,39 @@ def cmd_bench(args) -> int:
 
 def cmd_profile(args) -> int:
     dev = _devices(args)[0]
+    if args.ncu_child:   # the process lab.profile.ncu runs under ncu: one version, one dtype, one shape
+        fam = registry.get(args.families[0])
+        op = fam.op(args.op)
+        steps.ncu_target(op, dev, (_dtypes(args) or op.dtypes)[0], args.version[0],
+                         (_shapes(args, op) or [steps.profile_shape(op, dev)])[0])
+        return 0
+    if args.ncu:
+        why = profile.ncu_unavailable()
+        if why:
+            print(f"[lab] profile --ncu: {why}")
+            return 0
+    failed = []
     for fam in _families(args.families):
         for op in _ops(fam, args):
             shapes = _shapes(args, op)
-            for title, table, trace in steps.profile_op(fam, op, dev, _dtypes(args), args.version,
-                                                        shapes[len(shapes) // 2] if shapes else None):
+            shape = shapes[len(shapes) // 2] if shapes else None
+            if args.ncu:
+                rows, bad = steps.ncu_op(fam, op, dev, _dtypes(args), args.version, shape)
+                failed += bad
+                if rows:
+                    print(profile.ncu_table(rows))
+                continue
+            for title, table, trace in steps.profile_op(fam, op, dev, _dtypes(args), args.version, shape):
                 print(f"== {title}\n{table}")
                 print(f"   trace: {trace}")
-    return 0
+            for dt in _dtypes(args) or op.dtypes[:1]:
+                fig = plot.plot_profile(fam.name, op.name, env.device_name(dev), dtype_name(dt),
+                                        registry.shape_label(shape or steps.profile_shape(op, dev)))
+                if fig:
+                    print(f"[lab] wrote {fig.relative_to(env.ROOT) if fig.is_relative_to(env.ROOT) else fig}")
+    if args.ncu:
+        print(f"[lab] ncu rows in {results.table_path(env.device_name(dev), profile.NCU)}")
+    return 1 if failed else 0
 
 
 def cmd_plot(args) -> int:
@@ -265,8 +293,11 @@ def main(argv=None) -> int:
     sp.add_argument("--no-check", action="store_true",
                     help="time without checking each version first (by default a version wrong on the check "
                          "shapes is reported and not timed)")
-    sp = sub.add_parser("profile", help="profiler tables and traces")
+    sp = sub.add_parser("profile", help="profiler tables, traces, kernel tables and figures; --ncu: Nsight Compute")
     common(sp)
+    sp.add_argument("--ncu", action="store_true", help="instead: each version's kernels under Nsight Compute (one "
+                    "call, one shape) into results/<device>/ncu.csv; says so and exits 0 where ncu or a GPU is missing")
+    sp.add_argument("--ncu-child", action="store_true", help=argparse.SUPPRESS)   # what --ncu runs under ncu
     sp = sub.add_parser("plot", help="redraw this machine's figures from results/<device>/results.csv")
     sp.add_argument("--device", help="the rows of this device name instead (e.g. 'NVIDIA H100 80GB HBM3')")
     sp.add_argument("--all", action="store_true", help="every device that has rows (rewrites their figures)")

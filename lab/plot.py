@@ -1,7 +1,8 @@
 """Figures drawn from the results table, never by hand: `python -m lab plot` redraws them all.
 
-Per op: time against size (one line per version), speedup over the baseline at the largest size, and a roofline
-(achieved TFLOP/s against arithmetic intensity, under the measured copy-bandwidth and matrix-rate ceilings).
+Per op: time against size (one line per version), speedup over the baseline at the largest size, a roofline
+(achieved TFLOP/s against arithmetic intensity, under the measured copy-bandwidth and matrix-rate ceilings), and the
+profile figure (`plot_profile`: each version's device time per call split by kernel, from profiles.csv).
 Each figure says which GPU, which run and which formula its rates come from.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ if "ipykernel" not in sys.modules:
     matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from . import env, registry, results  # noqa: E402
+from . import env, profile, registry, results  # noqa: E402
 from .ceilings import ceilings_cached  # noqa: E402
 from .registry import Op  # noqa: E402
 
@@ -176,6 +177,104 @@ def roofline(op: Op, dtype: str, device_name: str | None = None) -> Path | None:
     return save_figure(fig, f"{op.family}_{op.name}_{dtype}_roofline", device_name=rows[0]["device_name"])
 
 
+# the profile figure's colors, one per kernel category (lab.profile.CATEGORIES)
+_CATEGORY_COLORS = {"ours": "#1f77b4", "cublas": "#ff7f0e", "cudnn": "#9467bd", "elementwise": "#2ca02c",
+                    "copy": "#17becf", "memset": "#bcbd22", "other": "#7f7f7f", "cpu-op": "#8c564b"}
+
+
+def _natural(s: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def profile_rows(family: str, op: str, device_name: str | None = None, dtype: str | None = None,
+                 shape: str | None = None) -> list[dict]:
+    """The profiles.csv rows one profile figure draws: one device (default: the newest row's), one dtype and one
+    shape (default: the newest row's of those), and per version only its newest profiled run."""
+    rows = profile.read_profiles(family=family, op=op)
+    if not rows:
+        return []
+    newest = lambda rs: max(rs, key=lambda r: r["timestamp"] or "")   # noqa: E731
+    for col, want in (("device_name", device_name), ("dtype", dtype), ("shape", shape)):
+        if want is None and rows:
+            want = newest(rows)[col]
+        rows = [r for r in rows if r[col] == want]
+    last: dict[str, tuple] = {}
+    for r in rows:
+        k = (r["timestamp"] or "", r["run_id"] or "")
+        if k >= last.get(r["version"], ("", "")):
+            last[r["version"]] = k
+    return [r for r in rows if (r["timestamp"] or "", r["run_id"] or "") == last[r["version"]]]
+
+
+def plot_profile(family, op, device_name: str | None = None, dtype: str | None = None, shape: str | None = None,
+                 label_share: float = 0.1, save: bool = True):
+    """Each version's time per call split by kernel, from the recorded profiles.csv rows only: one horizontal bar per
+    version (the baselines above our versions), one segment per kernel colored by its category, the largest kernels
+    named on their segments. `family`, `op`: names or the registry's objects; shape: the row's label ("n=1048576").
+    Returns the saved figure's path (save=False: the figure), or None when there are no rows."""
+    fam = family if isinstance(family, str) else family.name
+    opname = op if isinstance(op, str) else op.name
+    rows = profile_rows(fam, opname, device_name, dtype, shape)
+    if not rows:
+        return None
+    cpu = all(r["category"] == "cpu-op" for r in rows)
+    by_version: dict[str, list[dict]] = {}
+    for r in rows:
+        by_version.setdefault(r["version"], []).append(r)
+    # top to bottom: the baselines, then ours in ladder order (v2 before v10)
+    order = sorted(by_version, key=lambda v: (by_version[v][0]["role"] != "baseline", _natural(v)))
+    rank = {c: i for i, c in enumerate(profile.CATEGORIES)}
+    totals = {v: sum(r["us_per_call"] or 0 for r in by_version[v]) for v in order}
+    xmax = max(totals.values()) or 1.0
+    height = 2.4 + 0.5 * len(order)    # inches: the bars, plus fixed room for the title, the x label and the footer
+    fig, ax = plt.subplots(figsize=(10, height))
+    seen: set[str] = set()
+    for y, v in enumerate(order):
+        left = 0.0
+        segs = sorted(by_version[v], key=lambda r: (rank.get(r["category"], 99), -(r["us_per_call"] or 0)))
+        for r in segs:
+            w = r["us_per_call"] or 0.0
+            cat = r["category"]
+            ax.barh(y, w, left=left, height=0.6, color=_CATEGORY_COLORS.get(cat, "#7f7f7f"), edgecolor="white",
+                    linewidth=0.8, label=cat if cat not in seen else None)
+            seen.add(cat)
+            if w >= label_share * xmax:
+                calls = r["calls_per_call"] or 0
+                width = max(8, int(60 * w / xmax))
+                text = (r["kernel"][:width] if cpu else profile.short_kernel_name(r["kernel"], width))
+                if calls and abs(calls - 1) > 1e-9:
+                    text += f" ×{calls:g}"
+                ax.text(left + w / 2, y, text, ha="center", va="center", fontsize=6.5, color="white", clip_on=True)
+            left += w
+        t = totals[v]
+        ax.text(left + 0.01 * xmax, y, f"{t:,.0f} us" if t >= 100 else f"{t:.3g} us", va="center", fontsize=7.5)
+    ax.set_yticks(range(len(order)))
+    ax.set_yticklabels(order)
+    for t, v in zip(ax.get_yticklabels(), order):
+        if by_version[v][0]["role"] == "baseline":
+            t.set_color("0.35")
+            t.set_fontstyle("italic")
+    ax.invert_yaxis()
+    ax.set_xlim(0, xmax * 1.15)
+    ax.set_xlabel("self CPU time per call (us), by operator" if cpu else "device time per call (us), by kernel")
+    r0 = rows[0]
+    ax.set_title(f"{fam}.{opname} ({r0['dtype']}) at {r0['shape']}: where each version's time goes", fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    keyed = sorted(zip(labels, handles), key=lambda lh: rank.get(lh[0], 99))
+    ax.legend([h for _, h in keyed], [lab for lab, _ in keyed], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1),
+              title="category", title_fontsize=7)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.subplots_adjust(left=0.13, right=0.85, bottom=1.1 / height, top=1 - 0.45 / height)
+    reps = int(max(r["reps"] or 0 for r in rows))
+    formula = ("bar = sum of the operators' self CPU time per call (torch.profiler; no GPU: no kernels)" if cpu else
+               "bar = sum of the kernels' device time per call (torch.profiler's GPU events, each kernel once)")
+    _footer(fig, rows, f"{formula}, mean of {reps} calls\nsegment = one {'operator' if cpu else 'kernel'}, "
+                       "colored by its category, named where wide enough (×n: launches per call)")
+    if not save:
+        return fig
+    return save_figure(fig, f"{fam}_{opname}_{r0['dtype']}_kernels", device_name=r0["device_name"])
+
+
 def plot_family(family, device_name: str | None = None) -> list[Path]:
     out = []
     for op in family.ops:
@@ -185,6 +284,12 @@ def plot_family(family, device_name: str | None = None) -> list[Path]:
                 p = fn(op, dt, device_name)
                 if p:
                     out.append(p)
+        prof = profile.read_profiles(family=family.name, op=op.name)
+        dev = device_name or (max(prof, key=lambda r: r["timestamp"] or "")["device_name"] if prof else None)
+        for dt in sorted({r["dtype"] for r in prof if r["device_name"] == dev}):
+            p = plot_profile(family.name, op.name, dev, dt)
+            if p:
+                out.append(p)
     for fn in family.plots:   # the family's own figures (optim's step figure), from its recorded rows
         p = fn(device_name)
         if p:

@@ -3,13 +3,16 @@ versions, benchmark an op (validate, then benchmark), profile an op's versions, 
 
     rs = steps.check(op, dev)                       # every version against its float64 reference, three seeds
     rows = steps.benchmark(op, dev)                 # one-seed check first; a wrong version is named, not timed
-    steps.profile_op(fam, op, dev)                  # a profiler table and trace per version, at the middle shape
+    steps.profile_op(fam, op, dev)                  # a profiler table and trace per version, at the middle shape,
+                                                    # and its kernels in results/<device>/profiles.csv
+    rows, failed = steps.ncu_op(fam, op, dev)       # each version's kernels under Nsight Compute -> ncu.csv
     rows, failed = steps.extras(fam, dev)           # the family's extra benchmarks (studies), each one guarded
 
 `isolate=True` runs each version in a worker process (lab.isolate): a crash or a hang is that version's result.
 """
 from __future__ import annotations
 
+import subprocess
 from typing import Callable, Iterable
 
 import torch
@@ -61,22 +64,73 @@ def benchmark(op: Op, device: torch.device, dtypes=None, versions=None, shapes=N
     return bench.bench_op(op, device, dtypes, versions, shapes, record=record)
 
 
-def profile_op(fam: Family, op: Op, device: torch.device, dtypes=None, versions=None, shape: dict | None = None
-               ) -> list[tuple[str, str, str]]:
+def profile_shape(op: Op, device: torch.device) -> dict:
+    """The shape an op is profiled at by default: its middle bench shape on this device."""
+    shapes = op.shapes_for(device)
+    return shapes[len(shapes) // 2]
+
+
+def _key(fam: Family, op: Op, v, dt: torch.dtype, shape: dict) -> dict:
+    """The columns that name a measurement, as results.csv names it."""
+    return {"family": fam.name, "op": op.name, "version": v.name, "shape": registry.shape_label(shape),
+            "dtype": dtype_name(dt), "precision": bench.precision_of(v, dt)}
+
+
+def profile_op(fam: Family, op: Op, device: torch.device, dtypes=None, versions=None, shape: dict | None = None,
+               *, record: bool = True) -> list[tuple[str, str, str]]:
     """A profiler table and a trace file per version at `shape` (default: the op's middle bench shape), per dtype
-    (default: the op's first). Returns (title, table, trace path) per profiled version."""
-    if shape is None:
-        shapes = op.shapes_for(device)
-        shape = shapes[len(shapes) // 2]
-    out = []
+    (default: the op's first), and (record=True) the profiled calls split by kernel, each kernel once with its
+    category, appended to results/<device>/profiles.csv (lab.plot.plot_profile draws them). Returns (title, table,
+    trace path) per profiled version."""
+    shape = shape or profile_shape(op, device)
+    out, rows = [], []
     for dt in dtypes or op.dtypes[:1]:
         inputs = op.make_inputs(shape, dt, device, torch.Generator().manual_seed(0))
         for v in op.versions_for(device, dt, versions):
             name = f"{fam.name}_{op.name}_{v.name}_{dtype_name(dt)}_{device.type}".replace(".", "-")
-            table, trace = profile.profile(bench._timed_call(v, inputs), name, device.type)
+            table, trace, stats = profile.profile_kernels(bench._timed_call(v, inputs), name, device.type, active=3)
+            rows += profile.kernel_rows(stats, _key(fam, op, v, dt, shape), not v.baseline, device.type, reps=3)
             out.append((f"{fam.name}.{op.name} {v.name} {dtype_name(dt)} {registry.shape_label(shape)}", table,
                         trace))
+    if record:
+        profile.record(rows)
     return out
+
+
+def ncu_op(fam: Family, op: Op, device: torch.device, dtypes=None, versions=None, shape: dict | None = None,
+           *, record: bool = True, say: Callable[[str], None] = _say) -> tuple[list[dict], list[str]]:
+    """Each version of `op` (or those named) at `shape` (default: the profile shape), per dtype (default: the op's
+    first), under Nsight Compute in a child process (lab.profile.ncu): one row per kernel launch of the profiled
+    call, appended to results/<device>/ncu.csv. Returns (rows, the versions ncu failed on with why)."""
+    shape = shape or profile_shape(op, device)
+    rows, failed = [], []
+    for dt in dtypes or op.dtypes[:1]:
+        for v in op.versions_for(device, dt, versions):
+            say(f"ncu {fam.name}.{op.name} {v.name} {dtype_name(dt)} {registry.shape_label(shape)}")
+            cmd = profile.ncu_command(fam.name, op.name, v.name, dtype_name(dt), shape)
+            name = f"{fam.name}_{op.name}_{v.name}_{dtype_name(dt)}".replace(".", "-")
+            try:
+                rows += profile.ncu(cmd, _key(fam, op, v, dt, shape), not v.baseline, device.type,
+                                    record_rows=record, name=name, say=say)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:   # one version's failure is its result
+                say(f"ncu {fam.name}.{op.name} {v.name} FAILED: {e}")
+                failed.append(f"{fam.name}.{op.name} {v.name}: {e}")
+    return rows, failed
+
+
+def ncu_target(op: Op, device: torch.device, dtype: torch.dtype, version: str, shape: dict) -> None:
+    """What ncu profiles (the child of lab.profile.ncu): the version once to warm up (build, allocate, autotune),
+    then once between cudaProfilerStart and cudaProfilerStop, inside an NVTX range named after it."""
+    v = op.version(version)
+    inputs = op.make_inputs(shape, dtype, device, torch.Generator().manual_seed(0))
+    call = bench._timed_call(v, inputs)
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    with torch.cuda.nvtx.range(f"{op.family}.{op.name} {version}"):
+        call()
+        torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
 
 
 def extras(fam: Family, device: torch.device, *, record: bool = True, quick: bool = False,

@@ -21,8 +21,9 @@ LAB = Path(__file__).resolve().parent.parent / "lab"
 # Every module directly in lab/ is harness unless FACADES names it; a new one must be placed here.
 LAYERS: list[set[str]] = [
     {"lab.env", "lab.registry", "lab.timing"},          # no lab import: paths and machine, the family registry, timing
-    {"lab.build", "lab.results", "lab.profile", "lab.notebooks"},   # sources -> modules; the tidy table; profiler
-    {"lab.verify"},                                      # references, tolerances (records checks into results)
+    {"lab.build", "lab.results", "lab.notebooks"},      # sources -> modules; the tidy table
+    {"lab.verify", "lab.profile"},                       # references, tolerances (records checks into results);
+                                                         # profiler, kernel tables and ncu (records into results)
     {"lab.ceilings"},                                    # copy / GEMM / FMA ceilings, timed with lab.timing
     {"lab.bench"},                                       # the sweep over an op: timing / ceilings -> rows
     {"lab.isolate", "lab.plot"},                         # versions in worker processes; figures from the rows
