@@ -160,3 +160,20 @@ def test_version_without_out_gets_poisoned_memory(device):
             [Version("v1", forgetful, "any", takes_out=False)], [{"n": 4099}], [{"n": 4099}])
     res = verify.check_version(op, op.versions[0], {"n": 4099}, torch.float32, device, seeds=(0,))
     assert not res.passed and "NaN" in res.problem, res.line()
+
+
+def test_worst_element_scale_ignores_a_mostly_zero_reference():
+    # an embedding gradient over a million-row vocabulary: nearly every row is 0, so the rms over all elements is tiny
+    # and a correctly rounded bf16 sum would fail against it; over the nonzero elements it passes
+    g = torch.Generator().manual_seed(3)
+    ref = torch.zeros(1_000_000, 8, dtype=torch.float64)                                    # (V, dim)
+    ref[torch.randperm(1_000_000, generator=g)[:20]] = torch.randn(20, 8, generator=g, dtype=torch.float64) * 3
+    assert verify.compare(ref.to(torch.bfloat16), ref).fails(verify.tolerance(torch.bfloat16)) == ""
+    # and one sign-flipped element still fails on the element bound where the norm lets it through
+    ref = torch.zeros(100_000, 8, dtype=torch.float64)
+    ref[torch.randperm(100_000, generator=g)[:20_000]] = torch.randn(20_000, 8, generator=g, dtype=torch.float64)
+    bad = ref.to(torch.bfloat16)
+    i = int(ref.abs().amax(1).argmax())
+    bad[i] = -bad[i]
+    why = verify.compare(bad, ref).fails(verify.tolerance(torch.bfloat16))
+    assert why.startswith("worst element"), why

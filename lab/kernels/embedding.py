@@ -228,6 +228,8 @@ CHECK = [
     make_shape(33, 6, 7, "zipf", idx_dtype="int32"),                       # fp32 rows of 24 B: scalar path
     make_shape(200, 4, 2),                                                 # 100 tokens per row
     make_shape(9, 40, 50, padding_idx=49, idx_shape=(9, 1)),
+    make_shape(50, 8, 1_000_000, "zipf"),                                   # the largest vocabulary
+    make_shape(9, 4096, 33, padding_idx=2),                                 # and its widest rows
 ]
 CHECK_BWD = CHECK + [make_shape(2000, 5, 3, "zipf", padding_idx=1),     # long runs of equal indices
                      make_shape(3001, 64, 7, "zipf"),                    # v3: runs cut at chunk boundaries, vectors
