@@ -188,8 +188,8 @@ def _poison_freed(outputs) -> None:
 def run_version(v: Version, inputs: tuple, poison: bool = True):
     """Run a version; for kernels, into poisoned outputs (with out=), or after poisoning the memory its outputs would be
     allocated from (without). Returns (outputs, problem-or-'')."""
-    if not poison or v.baseline or v.inplace:
-        return v.fn(*inputs), ""
+    if not poison or v.inplace or (v.baseline and not v.takes_out):   # a baseline that takes out= (Triton's) is
+        return v.fn(*inputs), ""                                       # poisoned like a kernel
     if not v.takes_out:
         _poison_freed(v.fn(*inputs))
         return v.fn(*inputs), ""

@@ -12,7 +12,11 @@ import torch.nn.functional as F
 
 from .. import build
 from ..registry import Family, Op, Version, register, version_number
+from . import _triton
 from ._common import elem_size, randn, strict_fp32
+
+if _triton.MISSING is None:   # optional: without triton the `triton` versions are listed on no device, with why
+    from ._triton import basics as triton_basics
 
 FAMILY = "basics"
 RADIUS = 3
@@ -76,6 +80,10 @@ def matmul_ref(A, B):
     return torch.mm(A, B)
 
 
+def vector_add_triton(a, b, out=None):
+    return triton_basics.vector_add(a, b, out=out)
+
+
 def matmul_torch(A, B):
     with strict_fp32():
         return torch.mm(A, B)
@@ -107,7 +115,9 @@ OPS = [
        formula="GB/s = 2·n·sizeof(dtype) / time (read x, write y)", size_key="n"),
     Op(FAMILY, "vector_add", _n_inputs(2), vector_add_ref,
        _kernel_versions(vector_add, {"v1": "one thread per element", "v2": "16-byte loads in a grid-stride loop"})
-       + [Version("torch", torch.add, "any", "torch.add", baseline=True, takes_out=False, check=False)],
+       + [Version("torch", torch.add, "any", "torch.add", baseline=True, takes_out=False, check=False),
+          _triton.version(vector_add_triton, "Triton: one masked 1024-element block per program "
+                          "(lab/kernels/_triton/basics.py)")],
        N_CHECK, N_BENCH, N_BENCH_CPU, DT,
        nbytes=lambda s, dt: 3 * s["n"] * elem_size(dt), flops=lambda s, dt: s["n"],
        formula="GB/s = 3·n·sizeof(dtype) / time (read a, b; write c)", size_key="n"),

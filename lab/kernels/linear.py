@@ -23,8 +23,12 @@ import torch.nn.functional as F
 
 from .. import build
 from ..registry import Family, Op, Version, register, version_number
+from . import _triton
 from ._common import elem_size, randn
 from ._common import matmul_tf32, strict_fp32
+
+if _triton.MISSING is None:   # optional: without triton the `triton` versions are listed on no device, with why
+    from ._triton import linear as triton_linear
 
 FAMILY = "linear"
 FC_OUT = {"K": 1280, "N": 5893}  # the decoder's fc_out: hidden 1280 -> vocabulary 5893
@@ -109,6 +113,14 @@ def linear_torch_tf32(x, weight, bias=None):
         return F.linear(x, weight, bias)
 
 
+def linear_triton(x, weight, bias=None, out=None):
+    return triton_linear.linear(x, weight, bias, out=out)
+
+
+def linear_triton_tf32(x, weight, bias=None, out=None):
+    return triton_linear.linear(x, weight, bias, out=out, tf32=True)
+
+
 # ---- ops --------------------------------------------------------------------------------------------------------
 F32, F32_BF16 = (torch.float32,), (torch.float32, torch.bfloat16)
 PRECISION = {"v10": "tf32", "v11": "tf32"}   # on float32 tensors (Version.precision_at); bf16 on bfloat16 ones
@@ -135,6 +147,15 @@ def _baselines() -> list[Version]:
                     takes_out=False, check=False),
             Version("torch.tf32", linear_torch_tf32, "cuda", "F.linear with TF32 on (cuBLAS TF32)", baseline=True,
                     takes_out=False, check=False, precision="tf32", dtypes=F32)]
+
+
+def _triton_versions() -> list[Version]:
+    """Triton's tiled GEMM (lab/kernels/_triton/linear.py), named like the torch baselines: `triton` computes in the
+    dtype (strict FP32 on float32, beside v1..v9; bf16 on bfloat16, beside v10/v11), `triton.tf32` in TF32."""
+    idea = "Triton: autotuned tiled GEMM, bias fused, tl.dot"
+    return [_triton.version(linear_triton, f"{idea} (strict FP32 / bf16)", dtypes=F32_BF16),
+            _triton.version(linear_triton_tf32, f"{idea} in TF32", name="triton.tf32", precision="tf32",
+                            dtypes=F32)]
 
 
 def _inputs(s: dict, dt: torch.dtype, dev, g: torch.Generator) -> tuple:
@@ -172,7 +193,8 @@ FC_CHECK = [_shape(*s) for s in [(1, 5893, 1280), (1, 37, 1283, 0), (3, 300, 64)
 LADDER = [f"v{i}" for i in range(1, 12)]
 GEMV_ROWS_TIMED = (1, 2, 4, 8)  # the gemv op's batch sweep at fc_out's size (it is the default up to GEMV_ROWS)
 OPS = [
-    Op(FAMILY, "linear", _inputs, linear_ref, [_version("cpu")] + [_version(v) for v in LADDER] + _baselines(),
+    Op(FAMILY, "linear", _inputs, linear_ref,
+       [_version("cpu")] + [_version(v) for v in LADDER] + _baselines() + _triton_versions(),
        CHECK, [_shape(n, n, n) for n in (256, 512, 1024, 2048, 4096)],
        [_shape(n, n, n) for n in (64, 128, 256, 512)], (torch.float32, torch.bfloat16),
        nbytes=_nbytes, flops=_flops,
@@ -186,7 +208,7 @@ OPS = [
        size_key="M", compute_ceiling=None,
        doc="GEMV: the decoder's output layer 1280 -> 5893 at batch 1 .. 8, memory-bound (against F.linear)"),
     Op(FAMILY, "fc_out", _inputs, linear_ref,
-       [_version("cpu")] + [_version(v) for v in ("v8", "v9", "v10", "v11")] + _baselines(),
+       [_version("cpu")] + [_version(v) for v in ("v8", "v9", "v10", "v11")] + _baselines() + _triton_versions(),
        FC_CHECK, [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 2, 4, 8, 16, 32, 64, 128)],
        [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 8, 32)], (torch.float32,),
        nbytes=_nbytes, flops=_flops,

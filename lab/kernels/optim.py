@@ -32,7 +32,11 @@ import torch
 
 from .. import build
 from ..registry import Family, Op, Version, register, version_number
+from . import _triton
 from ._common import elem_size
+
+if _triton.MISSING is None:   # optional: without triton the `triton` version is listed on no device, with why
+    from ._triton import optim as triton_optim
 
 FAMILY = "optim"
 CHUNK = 65536          # elements per block in v1-v3 (torch's multi_tensor_apply chunk)
@@ -166,6 +170,13 @@ def _kernel(version: str):
     return fn
 
 
+def _triton_step(params, grads, m, v, vmax, steps, hp):
+    triton_optim.adam_step(params, grads, m, v, vmax, steps, lr=hp["lr"], beta1=hp["beta1"], beta2=hp["beta2"],
+                           eps=hp["eps"], weight_decay=hp["weight_decay"], decoupled=hp["decoupled"],
+                           amsgrad=hp["amsgrad"], maximize=hp["maximize"])
+    return _outputs(params, m, v, vmax, steps, hp)
+
+
 def _torch_adam(impl: str):
     """torch.optim.adam.adam, the functional form of torch.optim.Adam/AdamW, as its optimizers call it by default:
     the for-loop and foreach forms with the step count on the CPU, the fused form with it on the device."""
@@ -201,6 +212,8 @@ def _versions() -> list[Version]:
                        ("fused", "torch.optim fused=True: one multi-tensor kernel per 4 KB slice")):
         vs.append(Version(f"torch.{impl}", _torch_adam(impl), "any", idea, baseline=True, takes_out=False,
                           check=False, inplace=True, dtypes=(torch.float32,)))
+    vs.append(_triton.version(_triton_step, "Triton: one launch per tensor (no multi-tensor apply yet), steps "
+                                            "incremented first by one _foreach_add_", takes_out=False, inplace=True))
     return vs
 
 

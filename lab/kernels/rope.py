@@ -23,7 +23,11 @@ from torch.autograd.function import once_differentiable
 
 from .. import build
 from ..registry import Family, Op, Version, register, version_number
+from . import _triton
 from ._common import elem_size, randn
+
+if _triton.MISSING is None:   # optional: without triton the `triton` version is listed on no device, with why
+    from ._triton import rope as triton_rope
 
 FAMILY = "rope"
 LAYOUTS = {"bhsd": 0, "bshd": 1}
@@ -243,6 +247,10 @@ def rope_qk_torch_compile(q, k, cos, sin, offset=0, layout="bhsd", interleaved=F
     return compiled("qk")(q, k, c, s, interleaved)
 
 
+def rope_triton(x, cos, sin, offset=0, layout="bhsd", interleaved=False, out=None):
+    return triton_rope.rope(x, cos, sin, offset, layout, interleaved, out=out)
+
+
 class BackwardOf:
     """Times a backward pass alone: the forward graph of `core` is built once per input set and kept; each call runs
     autograd.grad(y, x, grad, retain_graph=True) through it — what a training step pays for RoPE's backward."""
@@ -379,7 +387,9 @@ DT = (torch.float32, torch.float16, torch.bfloat16)
 OPS = [
     Op(FAMILY, "rope", make_rope, rope_ref,
        _kernel_versions(rope, IDEAS)
-       + _baselines(rope_torch, rope_torch_compile, "x·cos + rotate_half(x)·sin (float32 tables)"),
+       + _baselines(rope_torch, rope_torch_compile, "x·cos + rotate_half(x)·sin (float32 tables)")
+       + [_triton.version(rope_triton, "Triton: rows x (pair, member) blocks, tl.split/tl.join; both layouts and "
+                                       "pairings (lab/kernels/_triton/rope.py)")],
        CHECK_ONE, BENCH_ONE, [make_shape(2, 8, s, 128) for s in (128, 512)], DT,
        nbytes=_bytes_one, flops=lambda s, dt: 3 * _numel(s, s["heads"]), formula=FORMULA, size_key="seq",
        doc="one tensor, forward"),

@@ -1,0 +1,138 @@
+"""The Triton versions (lab/kernels/_triton/), on the CPU: every kernel in Triton's interpreter against its family's
+float64 reference, on the family's own check shapes (1, primes, non-multiples of every block: the masked tails) at
+the family's tolerances, outputs poisoned first (lab.verify.check_version, as for every version). On the H100 the
+same versions run natively in tests/test_<family>.py (device "cuda"), like every version.
+
+TRITON_INTERPRET=1 is read when @triton.jit decorates a kernel, so the kernels run in a child process started with it
+set (this process imported them compiled, for the GPU). Interpreter caveats (Triton 3.8), so the GPU run still counts:
+it ignores input_precision="tf32" (multiplies in fp32), its tl.dot multiplies bfloat16 as uint16 bits (the linear
+launcher upcasts bf16 tiles under the interpreter only), and its fp32 -> bf16 cast truncates (bf16 errors ~2x the
+GPU's, still well inside the bf16 tolerance).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable here (pip install triton): the "
+                                                         "Triton versions are skipped, and so is their test")
+
+# The child: each `triton*` version of an op, moved to the CPU (device "cpu") and checked as on the GPU (a baseline
+# that takes out=: verify poisons its out= first), over the op's dtypes and check shapes (or those given), 2 seeds.
+CHILD = r"""
+import dataclasses, json, sys
+import torch
+from lab import registry, verify
+fam, op_name, shapes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+op = registry.get(fam).op(op_name)
+for v in op.versions:
+    if not v.name.startswith("triton"):
+        continue
+    assert v.device == "cuda", f"{v.name} is on device {v.device!r}: {v.idea}"
+    cpu = dataclasses.replace(v, device="cpu")
+    for dt in op.dtypes:
+        if not v.supports(dt):
+            continue
+        for s in shapes or op.check_shapes:
+            r = verify.check_version(op, cpu, s, dt, "cpu", seeds=(0, 1))
+            print(json.dumps({"version": v.name, "line": r.details(), "passed": r.passed}), flush=True)
+"""
+
+LARGE_LINEAR = [{"M": 1000, "N": 513, "K": 777, "bias": 1}]   # more than one 128x256 tile each way, odd everywhere
+
+
+def run_interpreted(family: str, op: str, shapes: list[dict] | None = None, timeout: float = 600) -> list[dict]:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", CHILD, family, op, json.dumps(shapes or [])], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    if p.returncode:
+        raise AssertionError(f"the interpreter run of {family}.{op} exited {p.returncode}:\n{p.stdout}\n"
+                             f"{p.stderr[-4000:]}")
+    return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+
+
+# family, op, the versions expected, results expected (versions x dtypes x shapes)
+CASES = [
+    ("basics", "vector_add", {"triton"}, 2 * 10),
+    ("linear", "linear", {"triton", "triton.tf32"}, (2 + 1) * 11),
+    ("linear", "fc_out", {"triton", "triton.tf32"}, 2 * 5),
+    ("rope", "rope", {"triton"}, 3 * 12),
+    ("optim", "adamw", {"triton"}, 3 * 7),
+    ("optim", "adam", {"triton"}, 3 * 5),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("family,op,versions,count", CASES, ids=[f"{f}.{o}" for f, o, _, _ in CASES])
+def test_triton_kernels_match_reference_in_the_interpreter(family, op, versions, count):
+    rs = run_interpreted(family, op)
+    assert {r["version"] for r in rs} == versions and len(rs) == count, [r["line"] for r in rs]
+    bad = [r["line"] for r in rs if not r["passed"]]
+    assert not bad, "\n".join(bad)
+
+
+@needs_triton
+def test_triton_linear_on_a_large_odd_problem_in_the_interpreter():
+    rs = run_interpreted("linear", "linear", LARGE_LINEAR)
+    assert len(rs) == 3 and all(r["passed"] for r in rs), "\n".join(r["line"] for r in rs)
+
+
+@needs_triton
+def test_triton_launchers_refuse_cpu_tensors_outside_the_interpreter():
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
+        pytest.skip("this process runs the interpreter")
+    from lab.kernels._triton import basics as tb
+    from lab.kernels._triton import linear as tl_
+    with pytest.raises(ValueError, match=r"a is on the CPU: the Triton kernels run on CUDA tensors"):
+        tb.vector_add(torch.ones(3), torch.ones(3))
+    with pytest.raises(ValueError, match=r"b must have the same shape as a = \(3,\), got \(2,\)"):
+        tb.vector_add(torch.ones(3), torch.ones(2))
+    with pytest.raises(ValueError, match=r"weight must have shape \(N, K\) with K = x.size\(-1\) = 5"):
+        tl_.linear(torch.ones(2, 5), torch.ones(3, 4))
+
+
+def test_families_stand_without_triton():
+    """With `import triton` failing, every family still imports, and each `triton*` version is listed on no device
+    (skipped everywhere, never run) with the reason in its idea."""
+    code = r"""
+import sys
+sys.modules["triton"] = None          # `import triton` now raises ImportError
+from lab import registry
+fams = registry.families()
+assert not registry.BROKEN, registry.BROKEN
+vs = [v for f in fams for o in f.ops for v in o.versions if v.name.startswith("triton")]
+assert len(vs) == 8, [v.name for v in vs]
+for v in vs:
+    assert v.device == "none" and not v.runs_on("cuda") and not v.runs_on("cpu"), v
+    assert "skipped: triton is not importable" in v.idea, v.idea
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout + p.stderr[-3000:]
+
+
+def test_lines_of_code_are_read_from_the_sources(tmp_path):
+    from lab.studies import kernel_lines as K
+    assert K.python_code_lines('def f(x):\n    """doc\n    more"""\n\n    # note\n    return x  # why\n') == 2
+    assert K.c_code_lines("/* a\n b */\nint x; // c\n\n// d\nint y;\n") == 2
+    (tmp_path / "fam").mkdir()
+    (tmp_path / "fam" / "k.cu").write_text(
+        "// header\ntemplate <typename T>\n__global__ void k1(T* a) {\n  if (a) {\n    a[0] = 1;  // one\n  }\n}\n"
+        "__global__ void k2(float* a) { a[0] = 2; }\n")
+    assert K.cuda_lines("fam", "k.cu", "k1", root=tmp_path) == 6 and K.cuda_lines("fam", "k.cu", "k2", root=tmp_path) == 1
+    assert K.cuda_lines("fam", "k.cu", root=tmp_path) == 7
+    for fam in ("basics", "linear", "rope", "optim"):
+        kernels = K.triton_kernels(fam)
+        lines = K.triton_lines(fam)
+        assert kernels and all(lines[k] > 5 for k in kernels), (fam, lines)
+    assert K.cuda_lines("basics", "vector_add.cu", "add_v2") > 3
