@@ -22,7 +22,8 @@ from . import env  # noqa: F401  (first: it points CUDA_HOME at the toolkit)
 from .build import BuildError, load  # noqa: F401,E402
 
 _SUBMODULES = {"build", "verify", "timing", "ceilings", "bench", "registry", "results", "plot", "profile", "report",
-               "isolate", "notebooks", "buildtime", "magic", "kernels", "models", "watcher", "nn", "optim"}
+               "isolate", "notebooks", "buildtime", "magic", "kernels", "models", "watcher", "nn", "optim", "steps",
+               "compare", "page", "studies"}
 
 __all__ = ["load", "family", "families", "watch", "BuildError", "build", "verify", "bench", "registry", "results",
            "env", "isolate"]
