@@ -44,6 +44,12 @@ def _quiet_no_cuda_runtime() -> None:
 
 _quiet_no_cuda_runtime()
 
+# Without a GPU, a CUDA build of torch's profiler (kineto) logs "gpuGetDeviceCount failed with code 35" at ERROR on
+# every profiled call: no news on a machine known to have none. Its log level (read when torch loads kineto) is raised
+# past ERROR there only; where a GPU driver is present its errors still show.
+if not Path("/dev/nvidiactl").exists():
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
