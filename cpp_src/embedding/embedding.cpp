@@ -36,9 +36,12 @@ using BwdV3Cuda = cudaError_t (*)(const void* grad_out, const int64_t* sorted, c
                                   void* grad_weight, int64_t tokens, int64_t dim, int64_t num_embeddings,
                                   int64_t padding_idx, void* workspace, cudaStream_t stream);
 using BwdWorkspace = int64_t (*)(int64_t tokens, int64_t dim, int64_t num_embeddings);
-using BwdV4Cuda = cudaError_t (*)(const void* grad_out, const void* idx, void* grad_weight, int64_t tokens,
-                                  int64_t dim, int64_t num_embeddings, int64_t padding_idx, void* workspace,
-                                  int64_t* ends, cudaStream_t stream);
+using Sort32Cuda = cudaError_t (*)(const void* idx, int64_t tokens, int64_t num_embeddings, void* workspace,
+                                   uint32_t* keys, int32_t* pos, int64_t* ends, cudaStream_t stream);
+using Sort32Workspace = int64_t (*)(int64_t tokens, int64_t num_embeddings);
+using BwdV4Cuda = cudaError_t (*)(const void* grad_out, const uint32_t* keys, const int32_t* pos, void* grad_weight,
+                                  int64_t tokens, int64_t dim, int64_t num_embeddings, int64_t padding_idx,
+                                  void* workspace, cudaStream_t stream);
 
 // Under CUDA-graph capture a check cannot copy to the host (and would not run at replay anyway): the kernels then
 // only guarantee what they do without a check (NaN rows for bad indices, never an out-of-bounds read).
@@ -231,17 +234,26 @@ at::Tensor embedding_backward(const at::Tensor& grad_out, const at::Tensor& idx,
                         "[0, num_embeddings) = [0, ", V, ")");
       }
     } else {
-      // v4: the unit sorts 32-bit keys itself (cub, on the bits V needs) and reports the two ends of the sorted keys
+      // v4: 32-bit keys sorted on the bits V needs (sort.cu, cub), then rows.cuh's kernels on them (v4.cu)
       LAB_CHECK_VALUE(D <= 128 * 65535, op, ": v4 handles dim <= ", 128 * 65535, " (one grid row of column tiles), "
                       "got ", D, "; use version 'v1' or 'v2'");
       LAB_CHECK_VALUE(V < 0x7fffffff && T <= 0x7fffffff, op, ": v4 sorts 32-bit keys and positions: it handles "
                       "num_embeddings < 2^31 - 1 and fewer than 2^31 tokens, got ", V, " and ", T, "; use version 'v3'");
-      const int64_t bytes = lab::launcher<BwdWorkspace>(lab::cat("embedding_bwd_v4_workspace_", dt))(T, D, V);
-      const at::Tensor workspace = at::empty({bytes}, grad_out.options().dtype(at::kByte));
+      const auto bytes_of = [&](int64_t n) { return at::empty({n}, grad_out.options().dtype(at::kByte)); };
+      const at::Tensor sort_ws = bytes_of(lab::launcher<Sort32Workspace>("embedding_sort32_workspace")(T, V));
+      const at::Tensor keys = at::empty({T}, grad_out.options().dtype(at::kInt));   // uint32 bits
+      const at::Tensor pos = at::empty({T}, grad_out.options().dtype(at::kInt));
       const at::Tensor ends = at::empty({2}, grad_out.options().dtype(at::kLong));
-      auto fn = lab::launcher<BwdV4Cuda>(lab::cat("embedding_bwd_v4_", dt, "_", idx_suffix(idx)));
-      LAB_CUDA_CHECK(fn(grad_out.data_ptr(), idx.data_ptr(), grad_weight.data_ptr(), T, D, V, pad, workspace.data_ptr(),
-                        ends.data_ptr<int64_t>(), stream),
+      auto* keys_ptr = reinterpret_cast<uint32_t*>(keys.data_ptr<int32_t>());
+      LAB_CUDA_CHECK(lab::launcher<Sort32Cuda>(lab::cat("embedding_sort32_", idx_suffix(idx)))(
+                         idx.data_ptr(), T, V, sort_ws.data_ptr(), keys_ptr, pos.data_ptr<int32_t>(),
+                         ends.data_ptr<int64_t>(), stream),
+                     "embedding backward v4 sort");
+      const at::Tensor rows_ws =
+          bytes_of(lab::launcher<BwdWorkspace>(lab::cat("embedding_bwd_v4_workspace_", dt))(T, D, V));
+      LAB_CUDA_CHECK(lab::launcher<BwdV4Cuda>(lab::cat("embedding_bwd_v4_", dt))(
+                         grad_out.data_ptr(), keys_ptr, pos.data_ptr<int32_t>(), grad_weight.data_ptr(), T, D, V, pad,
+                         rows_ws.data_ptr(), stream),
                      "embedding backward v4 kernels");
       if (check && T > 0) {  // after the launches, as v3; a bad end names the real smallest/largest index
         const at::Tensor e = ends.cpu();  // syncs

@@ -1,6 +1,6 @@
 // embedding — nn.Embedding forward (a gather of weight rows) and backward (the dense weight gradient, a scatter-add).
-// This header holds what the units share; each version is its own unit (v1.cu .. v4.cu), so an edit of one
-// rebuilds that one; rows.cuh holds the row-centric backward kernels v3 and v4 share.
+// This header holds what the units share; each version is its own unit (v1.cu .. v4.cu; v4's sort in sort.cu), so an
+// edit of one rebuilds that one; rows.cuh holds the row-centric backward kernels v3 and v4 share.
 //
 // What it computes. idx: integer indices of any shape, T = idx.numel() tokens, int64 or int32; weight: (V, D) =
 // (num_embeddings, dim), fp32, bf16 or fp64.
@@ -59,7 +59,9 @@
 //   v2.cu          forward v2 (warp per row, 16-byte vectors), backward v2 (sorted, deterministic).
 //   rows.cuh       the row-centric backward kernels (CSR offsets, long-run pieces, rows) of v3 and v4.
 //   v3.cu          forward v3 (fused check), backward v3 (rows.cuh on at::sort's output).
-//   v4.cu          forward v4 (streaming stores), backward v4 (its own 32-bit radix sort, then rows.cuh).
+//   v4.cu          forward v4 (streaming stores), backward v4 (rows.cuh on sort.cu's 32-bit keys and positions).
+//   sort.cu        backward v4's sort: cub's radix sort of 32-bit keys on the bits V needs (a unit of its own: cub is
+//                  most of a unit's compile time, and an edit of v4's kernels need not recompile it).
 //
 // Launchers (exported to cpp_src/embedding/embedding.cpp; names "embedding_fwd_v{1,2,3}_<T>_<I>", "embedding_bwd_v1_<T>_<I>"
 // with T in f32, bf16, f64 and I in i32, i64; "embedding_bwd_v{2,3}_<T>" (int64 sorted keys); v3's signatures are in
