@@ -1,0 +1,32 @@
+"""Does time_cuda's head start hide the host path? (issue 13: the fixed 10 us head start was shorter than F.linear's
+host path on a busy host, so batch-1 events timed launch latency.) For a few small calls this prints the events median
+(eager and graph, L2 warm like the profiler's back-to-back repeats) beside the GPU's own kernel time from the profiler (the kernels alone, no gaps): events
+close to the profiler's sum mean the events time the GPU's work. Run on the GPU: python .ci/timing_probe.py"""
+import torch
+import torch.nn.functional as F
+
+from lab import profile, timing
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    dev = "cuda"
+    cases = {}
+    for b in (1, 128):                                  # the decoder's fc_out: batch x 1280 -> 5893
+        x = torch.randn(b, 1280, device=dev)
+        w = torch.randn(5893, 1280, device=dev) / 1280 ** 0.5
+        bias = torch.randn(5893, device=dev)
+        cases[f"F.linear {b}x1280->5893 fp32"] = lambda x=x, w=w, bias=bias: F.linear(x, w, bias)
+    a = torch.randn(1 << 10, device=dev)
+    cases["a + a, 1024 floats"] = lambda a=a: a + a
+    print(f"{'case':34s} {'events eager':>13s} {'events graph':>13s} {'kernels (profiler)':>19s}")
+    for name, fn in cases.items():
+        eager = timing.time_cuda(fn, flush=False).median_us    # L2 warm, as the profiler's repeats are
+        graph = timing.time_cuda(fn, graph=True, flush=False).median_us
+        kern = profile.kernel_times(fn, reps=20)
+        print(f"{name:34s} {eager:11.2f}us {graph:11.2f}us {sum(kern.values()):17.2f}us   "
+              + ", ".join(f"{profile.short_kernel_name(k)} {v:.2f}" for k, v in kern.items()))
+
+
+if __name__ == "__main__":
+    main()
