@@ -9,13 +9,16 @@ The rules (the same for every family):
   (`Version.precision = "tf32"`) and is held to the TF32 row;
 - every check draws fresh random inputs for several seeds (never zeros);
 - outputs are poisoned (NaN, or a sentinel for integers) before the kernel runs, so an element it never wrote fails
-  (a version without out=, e.g. autograd's, gets its first run's freed output blocks refilled with poison first);
+  (a version without out=, e.g. autograd's, gets its first run's freed output blocks refilled with poison first,
+  and runs with torch.empty NaN-filled);
 - NaN or Inf where the reference is finite always fails;
 - a failure report lists the worst elements as (index, got, expected).
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -185,6 +188,26 @@ def _poison_freed(outputs) -> None:
     del fill
 
 
+@contextlib.contextmanager
+def _empty_is_poisoned():
+    """Every torch.empty in the block comes back NaN-filled (integers: their max), on the CPU as on the GPU: PyTorch's
+    fill_uninitialized_memory, which acts only in deterministic mode (warn_only: no op refuses to run; the warnings
+    that mode gives for nondeterministic ops are not ours to show). The freed-block refill above covers the GPU's
+    caching allocator; the CPU's malloc gives no such promise (seen on the H100 host: a freed 16 KB block came back
+    holding other data), so this is what makes an unwritten element fail there."""
+    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+            torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
 def run_version(v: Version, inputs: tuple, poison: bool = True):
     """Run a version; for kernels, into poisoned outputs (with out=), or after poisoning the memory its outputs would be
     allocated from (without). Returns (outputs, problem-or-'')."""
@@ -192,7 +215,8 @@ def run_version(v: Version, inputs: tuple, poison: bool = True):
         return v.fn(*inputs), ""                                       # poisoned like a kernel
     if not v.takes_out:
         _poison_freed(v.fn(*inputs))
-        return v.fn(*inputs), ""
+        with _empty_is_poisoned():
+            return v.fn(*inputs), ""
     probe = v.fn(*inputs)                # learn the output structure
     out = poison_like(probe)
     got = v.fn(*inputs, out=out)
