@@ -111,7 +111,7 @@ def bench_op(op: Op, device: torch.device | str, dtypes=None, versions=None, sha
             sec = t.median_us * 1e-6
             gbps = nb / sec / 1e9 if nb else None
             tflops = fl / sec / 1e12 if fl else None
-            peak = peak_for(ceil, dtype, v.precision_at(dtype), op.compute_ceiling)
+            peak = peak_for(ceil, dtype, v.precision_at(dtype), v.ceiling or op.compute_ceiling)
             row = {
                 "family": op.family, "op": op.name, "version": v.name, "shape": shape_label(shape),
                 "size": shape.get(op.size_key) if op.size_key else None, "dtype": dtype_name(dtype),

@@ -43,6 +43,9 @@ class Version:
     check: bool = True                     # verify it (a baseline that *is* the reference need not be)
     inplace: bool = False                  # fn(*inputs) updates tensors among its inputs and returns them (an
                                            # optimizer step): verify hands it a fresh copy, bench times it as is
+    ceiling: str | None = None             # the compute ceiling where it is not the op's (Op.compute_ceiling): a
+                                           # version whose FLOPs run in cuBLAS/cuDNN GEMMs ("gemm") beside kernels
+                                           # of FP32 FMAs ("fma")
 
     def runs_on(self, device: torch.device | str) -> bool:
         return self.device in ("any", torch.device(device).type)

@@ -234,3 +234,16 @@ def test_cuda_bad_input():
     xb, _, pb = _inputs(2, 2, 3, 2048, device="cuda")
     with pytest.raises(ValueError, match=r"gru v3 cannot run batch 2, hidden 2048.*hidden <= 1024.*use v2"):
         kgru.gru(xb, None, pb, version="v3")
+
+
+def test_each_version_is_held_to_the_ceiling_of_the_units_it_runs_on():
+    """v1/v2 and cuDNN run their FLOPs in GEMMs (tensor cores at bf16/fp16), v3/v4 in FP32 FMAs: a bf16 v2 held to the
+    FMA probe read 119% of peak (e2c8de7)."""
+    from lab.ceilings import peak_for
+    ceil = {"fma_tflops": 65.0, "gemm_tflops": {"bfloat16": 700.0, "float32": 51.0, "tf32": 370.0}}
+    op = next(o for o in kgru.OPS if o.name == "gru")
+    peak = {v.name: peak_for(ceil, torch.bfloat16, v.precision_at(torch.bfloat16), v.ceiling or op.compute_ceiling)
+            for v in op.versions}
+    assert peak["v2"] == peak["v1"] == peak["torch"] == 700.0 and peak["v3"] == peak["v4"] == 65.0
+    tf32 = next(v for v in op.versions if v.name == "torch.tf32")
+    assert peak_for(ceil, torch.float32, tf32.precision_at(torch.float32), tf32.ceiling) == 370.0

@@ -159,3 +159,19 @@ def test_old_rows_are_read_in_todays_names_and_new_rows_as_recorded():
     assert results.current_names(newer) == newer
     gemv = {"family": "linear", "op": "fc_out", "version": "v14", "dtype": "float32", "timestamp": "2026-11-22T12:46:45"}
     assert (results.current_names(gemv)["op"], results.current_names(gemv)["version"]) == ("gemv", "v1")
+
+
+def test_status_marks_a_percentage_above_its_ceiling_and_says_why(tmp_path):
+    """A byte formula that counts L2 hits as DRAM traffic (Zipf embedding lookups) reads above the copy rate: the
+    status table marks such a cell and explains it; a cell within the ceiling gets no mark."""
+    from lab import report
+    rows = [dict(_timing(H100, v, 1 << 20, us), pct_copy_bw=pct)
+            for v, us, pct in [("v1", 50.0, 135.4), ("torch", 60.0, 112.0)]]
+    results.append(rows, tmp_path / results.TABLE)
+    text = report.readme_status(tmp_path)
+    assert "135.4% of copy †" in text and "† above the copy rate" in text
+    rows = [dict(_timing(H100, v, 1 << 20, us), pct_copy_bw=pct) for v, us, pct in [("v1", 50.0, 95.0)]]
+    (tmp_path / results.TABLE).unlink()
+    results.append(rows, tmp_path / results.TABLE)
+    text = report.readme_status(tmp_path)
+    assert "95.0% of copy |" in text and "†" not in text

@@ -186,22 +186,24 @@ OPS = [
     Op(FAMILY, "gru", make_inputs, gru_ref,
        [Version("cpu", _kernel("cpu"), "cpu", "C++: input projection up front, then per step parallel over hidden "
                                               "units (at::parallel_for)"),
-        Version("v1", _kernel("v1"), "cuda", "per step: 2 cuBLAS GEMMs + 1 fused gate kernel", graph=True),
+        Version("v1", _kernel("v1"), "cuda", "per step: 2 cuBLAS GEMMs + 1 fused gate kernel", graph=True,
+                ceiling="gemm"),
         Version("v2", _kernel("v2"), "cuda", "input projection of all steps as 1 GEMM; per step 1 GEMM + gates",
-                graph=True),
+                graph=True, ceiling="gemm"),
         Version("v3", _kernel("v3"), "cuda", "persistent: W_hh in registers, 1 grid barrier per step, 1 launch",
                 dtypes=V3_DTYPES, graph=True),
         Version("v4", _kernel("v4"), "cuda", "v3 + 4 batch rows per pass, reduce-scatter over the lanes",
                 dtypes=V3_DTYPES, graph=True),
         Version("torch", gru_torch, "any", "nn.GRU (cuDNN on the GPU), fp32 without TF32", baseline=True,
-                takes_out=False, check=False, graph=True),
+                takes_out=False, check=False, graph=True, ceiling="gemm"),
         Version("torch.tf32", gru_torch_tf32, "cuda", "nn.GRU on cuDNN with TF32 (PyTorch's fp32 default)",
                 baseline=True, takes_out=False, check=False, graph=True, precision="tf32",
-                dtypes=(torch.float32,))],
+                dtypes=(torch.float32,), ceiling="gemm")],
        CHECK_SHAPES, BENCH_SHAPES, CPU_BENCH_SHAPES, ALL,
        nbytes=_nbytes, flops=_flops,
        formula="TFLOP/s = 2·T·B·3H·(I+H)·layers / time; bytes = (x + out + h0 + h_n + weights)·sizeof(dtype)",
-       compute_ceiling="fma",   # the recurrence is FP32 FMAs (fp32 accumulation for every dtype)
+       compute_ceiling="fma",   # v3/v4's recurrence is FP32 FMAs (fp32 accumulation for every dtype); v1/v2 and
+                                # cuDNN run GEMMs (tensor cores at bf16/fp16): held to cuBLAS at their precision
        size_key="batch",
        doc="nn.GRU forward over a sequence; the seq2seq encoder is seq 30, input 256, hidden 512"),
 ]
