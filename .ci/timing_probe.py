@@ -19,13 +19,24 @@ def main() -> None:
         cases[f"F.linear {b}x1280->5893 fp32"] = lambda x=x, w=w, bias=bias: F.linear(x, w, bias)
     a = torch.randn(1 << 10, device=dev)
     cases["a + a, 1024 floats"] = lambda a=a: a + a
-    print(f"{'case':34s} {'events eager':>13s} {'events graph':>13s} {'kernels (profiler)':>19s}")
+    cases["a.sum().item() (waits for the GPU)"] = lambda a=a: a.sum().item()
+    ps = [torch.randn(1000, device=dev) for _ in range(2000)]
+    cases["2000 x (p.mul_(0.9)): a host-bound loop"] = lambda ps=ps: [p.mul_(0.9) for p in ps]
+    print(f"{'case':40s} {'eager':>9s} {'(gpu':>9s} {'host)':>9s} {'graph':>9s} {'kernels (profiler)':>19s}")
     for name, fn in cases.items():
-        eager = timing.time_cuda(fn, flush=False).median_us    # L2 warm, as the profiler's repeats are
-        graph = timing.time_cuda(fn, graph=True, flush=False).median_us
+        t = timing.time_cuda(fn, flush=False)                # L2 warm, as the profiler's repeats are
+        gpu = host = float("nan")
+        if t.gpu_us:
+            gpu, host = (timing.Timing(x, "events").median_us for x in (t.gpu_us, t.host_us))
+        try:
+            graph = f"{timing.time_cuda(fn, graph=True, flush=False).median_us:7.2f}us"
+        except Exception as e:  # noqa: BLE001 (a call that syncs cannot be captured)
+            graph = f"({type(e).__name__})"
         kern = profile.kernel_times(fn, reps=20)
-        print(f"{name:34s} {eager:11.2f}us {graph:11.2f}us {sum(kern.values()):17.2f}us   "
-              + ", ".join(f"{profile.short_kernel_name(k)} {v:.2f}" for k, v in kern.items()))
+        top = sorted(kern.items(), key=lambda kv: -kv[1])[:2]
+        print(f"{name:40s} {t.median_us:7.2f}us {gpu:7.2f}us {host:7.2f}us {graph:>9s} {sum(kern.values()):17.2f}us   "
+              + ", ".join(f"{profile.short_kernel_name(k)} {v:.2f}" for k, v in top)
+              + f"   host-bound {100 * t.host_bound:.0f}% of reps")
 
 
 def sweep() -> None:

@@ -2,8 +2,10 @@
 
 GPU: CUDA events around each repetition, after warm-up; the L2 is flushed before each repetition (a write of twice
 its size, outside the timed region) so every run reads its inputs from HBM; the median and the 20th/80th percentiles
-of many repetitions. Optionally the function is captured once in a CUDA graph and the replays are timed: for
-launch-bound code that removes the CPU launch overhead the eager numbers include.
+of many repetitions. A repetition's time is the larger of the GPU's time for the call and the host's time to issue
+it, what a loop of calls runs at (time_cuda says how each is measured). Optionally the function is captured once in
+a CUDA graph and the replays are timed: for launch-bound code that removes the CPU launch overhead the eager numbers
+include.
 CPU: `torch.utils.benchmark` (blocked_autorange), which handles threads and warm-up.
 
 The bottom layer of the harness: it imports no other module of the lab (ceilings and bench build on it).
@@ -25,6 +27,15 @@ import torch.utils.benchmark as tbench
 class Timing:
     times_us: list[float] = field(repr=False)
     mode: str                        # "events", "graph" or "cpu"
+    gpu_us: list[float] | None = field(default=None, repr=False)    # GPU: each repetition's two parts (time_cuda)
+    host_us: list[float] | None = field(default=None, repr=False)
+
+    @property
+    def host_bound(self) -> float:
+        """The share of repetitions whose time is the host's (its enqueue slower than the GPU's work)."""
+        if not self.gpu_us or not self.host_us:
+            return 0.0
+        return sum(h > g for g, h in zip(self.gpu_us, self.host_us)) / len(self.gpu_us)
 
     def pct(self, q: float) -> float:
         s = sorted(self.times_us)
@@ -53,6 +64,8 @@ class Timing:
 
 
 _flush_buf: dict[int, torch.Tensor] = {}
+HEAD_START_MIN_US = 50.0      # see time_cuda: 40 us was enough on the H100 for the smallest call
+HEAD_START_MAX_US = 20_000.0  # a for-loop over 1000s of tensors issues for ~11 ms
 _CYCLES_PER_US = 2_000  # torch.cuda._sleep spins clock cycles: ~1 us at the H100's 1.98 GHz boost clock (longer when
                         # the clock is lower: a longer head start, never a shorter one)
 
@@ -97,26 +110,38 @@ def capture_graph(fn: Callable[[], object], warmup: int = 3) -> torch.cuda.CUDAG
 def time_cuda(fn: Callable[[], object], *, graph: bool = False, flush: bool = True, warmup: int = 5,
               min_reps: int = 15, max_reps: int = 400, budget_ms: float = 300.0,
               head_start_us: float | None = None) -> Timing:
-    """Median-of-many CUDA-event timing of fn() on the current stream. head_start_us: the busy kernel put before each
-    timed call (None: sized by the host's enqueue time, below; .ci/timing_probe.py sweeps it)."""
+    """Median-of-many timing of fn() on the current stream: each repetition's time is the larger of the GPU's time for
+    the call (CUDA events) and the host's time to issue it (perf_counter around the call, no sync). A loop of calls
+    runs at the slower of the two: a GEMM at its kernels' time, a tiny add or a for-loop over 1000 tensors at the
+    host's, and a graph replay at its kernels' time or the replay's launch, whichever is longer.
+
+    The events time the GPU's work alone: before each repetition the GPU gets a head start (a busy kernel,
+    torch.cuda._sleep) long enough that the host has enqueued the start event, the call and the end event before the
+    GPU gets past it; the host's part is measured in the same repetition, while the GPU sleeps. A call that waits for
+    the GPU (waits_for_the_gpu) is timed from an idle GPU instead, host and GPU in series (_time_synchronizing). The head start is
+    twice the host's time for one whole repetition (the sleep's launch, two event records, the call), at least
+    HEAD_START_MIN_US; head_start_us overrides it (.ci/timing_probe.py sweeps it). Sized by the call's host time
+    alone (b08ab4a) it was too short: on the H100 a 1.1 us add timed 11-16 us; with 0/10/20 us of head start it read
+    26/24/21 us, with 40 us and above 3.5-4.2 us (the events then timed the harness's own Python, not the add)."""
     torch.cuda.synchronize()
     for _ in range(warmup):                      # module load, lazy init, allocator warm-up, autotuning
         fn()
     run = capture_graph(fn).replay if graph else fn
     torch.cuda.synchronize()
-    # the host's time to enqueue one call (Python wrapper, checks, launches; no sync): the GPU gets a head start of
-    # a busy kernel at least this long before each timed call, so the host has enqueued start, fn and end before the
-    # GPU reaches them and the events time the GPU's work, not the launch latency (the fixed 10 us it was before is
-    # shorter than the host path of a Python wrapper with checks, or of F.linear on a busy host)
-    host = []
+    if waits_for_the_gpu(run):
+        return _time_synchronizing(run, flush, min_reps, max_reps, budget_ms)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    whole = []
     for _ in range(5):
         t0 = time.perf_counter()
+        torch.cuda._sleep(1)
+        s.record()
         run()
-        host.append(time.perf_counter() - t0)
+        e.record()
+        whole.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
     if head_start_us is None:
-        head_start_us = min(2000.0, 10.0 + 1.5e6 * statistics.median(host))
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        head_start_us = min(HEAD_START_MAX_US, max(HEAD_START_MIN_US, 2e6 * statistics.median(whole)))
     s.record()
     for _ in range(3):
         run()
@@ -126,15 +151,63 @@ def time_cuda(fn: Callable[[], object], *, graph: bool = False, flush: bool = Tr
     n = int(min(max_reps, max(min_reps, budget_ms / est_ms)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    host = []
     for i in range(n):
         if flush:
             flush_l2()
-        torch.cuda._sleep(int(head_start_us * _CYCLES_PER_US))   # flushed or warm alike (see head_start_us)
+        torch.cuda._sleep(int(head_start_us * _CYCLES_PER_US))   # flushed or warm alike
         starts[i].record()
+        t0 = time.perf_counter()
         run()
+        host.append(1e6 * (time.perf_counter() - t0))
         ends[i].record()
     torch.cuda.synchronize()
-    return Timing([1000.0 * a.elapsed_time(b) for a, b in zip(starts, ends)], "graph" if graph else "events")
+    gpu = [1000.0 * a.elapsed_time(b) for a, b in zip(starts, ends)]
+    return Timing([max(g, h) for g, h in zip(gpu, host)], "graph" if graph else "events", gpu_us=gpu, host_us=host)
+
+
+def waits_for_the_gpu(run: Callable[[], object]) -> bool:
+    """Does a call block its host until the GPU catches up (a .item(), a copy to the host, an explicit sync: e.g. a
+    range check of indices that reports on the host)? Its host time with the GPU busy on a long sleep exceeds its
+    host time with the GPU idle by about the sleep."""
+    idle = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run()
+        idle.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    nap_us = max(2000.0, 3e6 * min(idle))
+    torch.cuda._sleep(int(nap_us * _CYCLES_PER_US))
+    t0 = time.perf_counter()
+    run()
+    busy = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return (busy - min(idle)) * 1e6 > 0.5 * nap_us
+
+
+def _time_synchronizing(run, flush: bool, min_reps: int, max_reps: int, budget_ms: float) -> Timing:
+    """A call that waits for the GPU costs its host time and its GPU time in series, and a head start would be
+    counted in its host part: each repetition starts on an idle GPU (synchronized after the flush), so the events
+    span the host's issue, the wait and the GPU's work, as in a user's loop."""
+    t0 = time.perf_counter()
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    est_ms = 1e3 * (time.perf_counter() - t0) / 3 + (0.05 if flush else 0.0)
+    n = int(min(max_reps, max(min_reps, budget_ms / est_ms)))
+    times = []
+    for _ in range(n):
+        if flush:
+            flush_l2()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(1000.0 * a.elapsed_time(b))
+    return Timing(times, "events")
 
 
 def time_cpu(fn: Callable[[], object], min_run_time: float = 0.2) -> Timing:

@@ -67,3 +67,21 @@ def test_fma_peak_probe_runs():
     build.load("harness", verbose=False).fma_peak(out, 132, 256, 8)
     assert torch.isfinite(out).all()
     assert ceilings.fma_peak_tflops() > 0
+
+
+@needs_gpu
+def test_a_call_that_waits_for_the_gpu_is_told_apart_and_timed_in_series():
+    a = torch.randn(1 << 10, device="cuda")                         # (1024,)
+    assert timing.waits_for_the_gpu(lambda: a.sum().item())
+    assert not timing.waits_for_the_gpu(lambda: a + a)
+    t = timing.time_cuda(lambda: a.sum().item(), flush=False, min_reps=5, max_reps=5)
+    assert t.gpu_us is None and t.reps == 5 and t.mode == "events"
+
+
+@needs_gpu
+def test_each_repetition_is_the_slower_of_the_gpu_and_the_host():
+    a = torch.randn(1 << 20, device="cuda")                         # (1M,)
+    t = timing.time_cuda(lambda: a * 2, min_reps=7, max_reps=7)
+    assert len(t.gpu_us) == len(t.host_us) == t.reps == 7
+    assert t.times_us == [max(g, h) for g, h in zip(t.gpu_us, t.host_us)]
+    assert all(g > 0 for g in t.gpu_us) and all(h > 0 for h in t.host_us)
