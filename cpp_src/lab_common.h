@@ -286,6 +286,17 @@ inline const LabCpuRuntime* cpu_runtime() {
   } while (0)
 #define LAB_STREAM() (c10::cuda::getCurrentCUDAStream().stream())
 #define LAB_NO_CUDA_BUILD(what)
+
+namespace lab {
+// Whether `stream` is being captured into a CUDA graph. What a binding must not do then: copy to the host (a check
+// that reads a result: embedding's index checks) or reuse a buffer across calls (a graph keeps what it was captured
+// with: the optimizer's tables and tickets). One helper, so every binding asks the same question the same way.
+inline bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  LAB_CUDA_CHECK(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+}  // namespace lab
 #else
 #define LAB_NO_CUDA_BUILD(what) \
   LAB_CHECK(false, what, ": this module was built without CUDA (lab.build.load(..., flavor='cuda') needs a GPU)")

@@ -43,14 +43,6 @@ using BwdV4Cuda = cudaError_t (*)(const void* grad_out, const uint32_t* keys, co
                                   int64_t tokens, int64_t dim, int64_t num_embeddings, int64_t padding_idx,
                                   void* workspace, cudaStream_t stream);
 
-// Under CUDA-graph capture a check cannot copy to the host (and would not run at replay anyway): the kernels then
-// only guarantee what they do without a check (NaN rows for bad indices, never an out-of-bounds read).
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  LAB_CUDA_CHECK(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
-  return status != cudaStreamCaptureStatusNone;
-}
-
 // v1's and v2's stable sort of the indices (int64) into (sorted, perm): equal indices in runs, in token order.
 std::pair<at::Tensor, at::Tensor> sort_indices(const at::Tensor& idx) {
   auto sp = at::sort(idx.reshape({-1}).to(at::kLong), /*stable=*/true, /*dim=*/0, /*descending=*/false);
@@ -140,7 +132,9 @@ at::Tensor embedding_forward(const at::Tensor& idx, const at::Tensor& weight, at
 #ifdef LAB_WITH_CUDA
     c10::cuda::CUDAGuard guard(weight.device());
     const cudaStream_t stream = LAB_STREAM();
-    const bool check = check_indices && !capturing(stream);
+    // under CUDA-graph capture a check cannot copy to the host (and would not run at replay anyway): the kernels
+    // then only guarantee what they do without one (NaN rows for bad indices, never an out-of-bounds read)
+    const bool check = check_indices && !lab::stream_capturing(stream);
     if (version < 3) {  // v1, v2: a reduction over idx and a copy of its min and max to the host, before the launch
       if (check) check_range(idx, V, op);
       auto fn = lab::launcher<FwdCuda>(lab::cat("embedding_fwd_v", version, "_", types));
@@ -193,7 +187,7 @@ at::Tensor embedding_backward(const at::Tensor& grad_out, const at::Tensor& idx,
 #ifdef LAB_WITH_CUDA
     c10::cuda::CUDAGuard guard(grad_out.device());
     const cudaStream_t stream = LAB_STREAM();
-    const bool check = check_indices && !capturing(stream);
+    const bool check = check_indices && !lab::stream_capturing(stream);  // no check under capture (as the forward)
     if (check && version < 3) check_range(idx, V, op);
     if (version == 1) {
       // bf16 adds into an fp32 buffer (embedding.cuh); fp32 and fp64 add into grad_weight itself

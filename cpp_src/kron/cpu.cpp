@@ -15,25 +15,35 @@ constexpr int64_t kRows = 64;    // CPU: rows of a sample per task (64·f values
 using lab::ceil_div;
 
 // ---- CPU version ------------------------------------------------------------------------------------------------
+// The tasks of both steps: kRows of the `rows` rows of one sample (of B), task t = (sample, block of rows), on the
+// thread pool one or more tasks at a time; body(b, r0, r1) does rows [r0, r1) of sample b.
+template <class Body>
+void for_row_blocks(int64_t B, int64_t rows, const Body& body) {
+  const int64_t nblk = ceil_div(rows, kRows);
+  lab::parallel_for(0, B * nblk, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t b = t / nblk, r0 = (t % nblk) * kRows, r1 = std::min(rows, r0 + kRows);
+      body(b, r0, r1);
+    }
+  });
+}
+
 // F-step: y[b][p][j] = Σ_i x[b][i][p]·W[i][j]. Per task: kRows rows of one sample; the i-loop streams x's row i and
 // W's row i while the task's block of y stays in cache; the inner j-loop is a contiguous axpy (vectorised).
 template <class T>
 void fstep_cpu(const T* x, const T* w, T* y, int64_t B, int64_t N, int64_t f) {
-  const int64_t P = N / f, nblk = ceil_div(P, kRows);
-  lab::parallel_for(0, B * nblk, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t b = t / nblk, p0 = (t % nblk) * kRows, p1 = std::min(P, p0 + kRows);
-      const T* xb = x + b * N;
-      T* yb = y + b * N;
-      std::fill(yb + p0 * f, yb + p1 * f, T(0));
-      for (int64_t i = 0; i < f; ++i) {
-        const T* wi = w + i * f;
-        const T* xi = xb + i * P;
-        for (int64_t p = p0; p < p1; ++p) {
-          const T a = xi[p];
-          T* yp = yb + p * f;
-          for (int64_t j = 0; j < f; ++j) yp[j] += a * wi[j];
-        }
+  const int64_t P = N / f;
+  for_row_blocks(B, P, [&](int64_t b, int64_t p0, int64_t p1) {
+    const T* xb = x + b * N;
+    T* yb = y + b * N;
+    std::fill(yb + p0 * f, yb + p1 * f, T(0));
+    for (int64_t i = 0; i < f; ++i) {
+      const T* wi = w + i * f;
+      const T* xi = xb + i * P;
+      for (int64_t p = p0; p < p1; ++p) {
+        const T a = xi[p];
+        T* yp = yb + p * f;
+        for (int64_t j = 0; j < f; ++j) yp[j] += a * wi[j];
       }
     }
   });
@@ -42,19 +52,16 @@ void fstep_cpu(const T* x, const T* w, T* y, int64_t B, int64_t N, int64_t f) {
 // R-step: out[b][i][m] = Σ_j W[i][j]·d[b][m][j] (a dot product of two contiguous rows per output).
 template <class T>
 void rstep_cpu(const T* d, const T* w, T* out, int64_t B, int64_t N, int64_t f) {
-  const int64_t M = N / f, nblk = ceil_div(M, kRows);
-  lab::parallel_for(0, B * nblk, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t b = t / nblk, m0 = (t % nblk) * kRows, m1 = std::min(M, m0 + kRows);
-      for (int64_t i = 0; i < f; ++i) {
-        const T* wi = w + i * f;
-        T* o = out + b * N + i * M;
-        for (int64_t m = m0; m < m1; ++m) {
-          const T* dm = d + b * N + m * f;
-          T s = 0;
-          for (int64_t j = 0; j < f; ++j) s += wi[j] * dm[j];
-          o[m] = s;
-        }
+  const int64_t M = N / f;
+  for_row_blocks(B, M, [&](int64_t b, int64_t m0, int64_t m1) {
+    for (int64_t i = 0; i < f; ++i) {
+      const T* wi = w + i * f;
+      T* o = out + b * N + i * M;
+      for (int64_t m = m0; m < m1; ++m) {
+        const T* dm = d + b * N + m * f;
+        T s = 0;
+        for (int64_t j = 0; j < f; ++j) s += wi[j] * dm[j];
+        o[m] = s;
       }
     }
   });

@@ -67,10 +67,31 @@ void run_cpu(const char* op, const at::Tensor& x, const at::Tensor& weight, cons
                                         p.b ? p.b->data_ptr<float>() : nullptr, out.data_ptr<float>(), p.M, p.N, p.K);
 }
 
+// What both ops do first, in this order: the input checks, the version's range (1..versions on CUDA, 0 on the CPU),
+// no grad; then version 0 runs here on CPU tensors. Sets cpu_done when it did (out is written: the op returns it).
+Problem prologue(const char* op, int64_t versions, const at::Tensor& x, const at::Tensor& weight,
+                 const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t version, bool& cpu_done) {
+  const Problem p = check_problem(x, weight, bias, out);
+  lab::check_version(x, "x", version, 1, versions, op);
+  check_no_grad(op, x, weight, p);
+  cpu_done = !x.is_cuda();
+  if (cpu_done) run_cpu(op, x, weight, p, out);
+  return p;
+}
+
 #ifdef LAB_WITH_CUDA
 // The CUDA launchers take T = float or at::BFloat16 (the units' __nv_bfloat16: the same 16-bit layout).
 template <class T> using ForwardCuda = cudaError_t (*)(const T*, const T*, const T*, T*, int, int, int, cudaStream_t);
 template <class T> using FillCuda = cudaError_t (*)(const T*, T*, int, int, cudaStream_t);
+
+// M, N, K as the kernels' 32-bit ints (both ops' CUDA paths).
+struct Dims32 {
+  int m, n, k;
+};
+Dims32 dims32(const Problem& p) {
+  return {lab::check_int32(p.M, "M (rows of x)"), lab::check_int32(p.N, "out_features"),
+          lab::check_int32(p.K, "in_features")};
+}
 
 // The name each GEMM version's launcher is exported under; "name@variant" is one build of a unit built once per
 // variant (// lab:variants in v8_v9.cu, v10.cu, v11.cu: v10 and v11 once per dtype). cuda_src/linear/linear.cuh lists
@@ -123,13 +144,10 @@ template <class T> const T* ptr_or_null(const at::Tensor* t) { return t ? t->dat
 // bfloat16 for 10 and 11.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor out,
                   int64_t version) {
-  const Problem p = check_problem(x, weight, bias, out);
-  lab::check_version(x, "x", version, 1, kLinearVersions, "linear");
-  check_no_grad("linear", x, weight, p);
-  if (!x.is_cuda()) {
-    run_cpu("linear", x, weight, p, out);
-    return out;
-  }
+  bool cpu_done = false;
+  [[maybe_unused]] const Problem p =  // unused where the CUDA path is compiled out (a CPU-only build)
+      prologue("linear", kLinearVersions, x, weight, bias, out, version, cpu_done);
+  if (cpu_done) return out;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   LAB_CHECK_TYPE(!bf16 || version >= 10, "linear: version ", version, " takes Float tensors (x, weight, bias, out), "
                    "got BFloat16 (the bfloat16 versions are 10 and 11)");
@@ -142,8 +160,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
     LAB_CHECK_VALUE(major == 9, "linear: v11 uses Hopper's wgmma and TMA (sm_90); this GPU is sm_", major, minor,
                       " (use v10, the mma.sync version)");
   }
-  const int m = lab::check_int32(p.M, "M (rows of x)"), n = lab::check_int32(p.N, "out_features"),
-            k = lab::check_int32(p.K, "in_features");
+  const auto [m, n, k] = dims32(p);
   const std::string what = lab::cat("linear v", version, " kernel");
   if (bf16) {
     using T = at::BFloat16;
@@ -164,19 +181,15 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 // op gemv: the same layer at a few rows. version 0 (CPU: the same C++ code as linear's) or 1 (float32).
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor out,
                 int64_t version) {
-  const Problem p = check_problem(x, weight, bias, out);
-  lab::check_version(x, "x", version, 1, kGemvVersions, "gemv");
-  check_no_grad("gemv", x, weight, p);
-  if (!x.is_cuda()) {
-    run_cpu("gemv", x, weight, p, out);
-    return out;
-  }
+  bool cpu_done = false;
+  [[maybe_unused]] const Problem p =  // unused where the CUDA path is compiled out (a CPU-only build)
+      prologue("gemv", kGemvVersions, x, weight, bias, out, version, cpu_done);
+  if (cpu_done) return out;
   LAB_CHECK_TYPE(x.scalar_type() == at::kFloat, "gemv: version ", version, " takes Float tensors (x, weight, bias, "
                    "out), got ", c10::toString(x.scalar_type()), " (for bfloat16 use the linear op's v10 or v11)");
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
-  const int m = lab::check_int32(p.M, "M (rows of x)"), n = lab::check_int32(p.N, "out_features"),
-            k = lab::check_int32(p.K, "in_features");
+  const auto [m, n, k] = dims32(p);
   LAB_CUDA_CHECK(launch<float>("gemv_v1", ptr<float>(x), ptr<float>(weight), ptr_or_null<float>(p.b),
                                ptr<float>(out), m, n, k, LAB_STREAM()),
                  lab::cat("gemv v", version, " kernel"));

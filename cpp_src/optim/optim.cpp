@@ -242,9 +242,7 @@ int run(Batch& b, const Hyper& h, int64_t version, int64_t chunk, Buffers* buf) 
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(b.device);
   cudaStream_t stream = LAB_STREAM();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  LAB_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  const bool capturing = lab::stream_capturing(stream);
   const float* lr_ptr = h.lr_tensor ? h.lr_tensor->data_ptr<float>() : nullptr;
   const float lr = float(h.lr), eps = float(h.eps), wd = float(h.wd);
   for (int d = 0; d < kDtypes; ++d) {

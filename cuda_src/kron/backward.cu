@@ -132,14 +132,10 @@ __global__ void reduce_kernel(const __grid_constant__ ReduceArgs<T> a) {
 template <class T, class C>
 cudaError_t launch_rstep(const T* d, const T* w, T* out, long B, long N, int f, cudaStream_t s) {
   constexpr int VW = Vec<T>::n;
-  const Layout L = make_layout(C::THREADS, C::TM, C::TN, f);
-  const int M = int(N / f);
-  const long rows = B * M;
-  const int tiles_q = cdiv(f, L.bq);
-  const long blocks = (rows + L.bp - 1) / L.bp * tiles_q;
-  if (blocks > 0x7fffffffL) return cudaErrorInvalidConfiguration;
-  const bool vec_out = M % VW == 0 && N % VW == 0 && aligned16(out);
-  rstep_kernel<T, C><<<unsigned(blocks), C::THREADS, 0, s>>>(d, w, out, rows, M, N, f, tiles_q, vec_out);
+  const StepGrid g = step_grid<C>(B, N, f);  // M = g.m rows of a sample
+  if (!g.fits()) return cudaErrorInvalidConfiguration;
+  const bool vec_out = g.m % VW == 0 && N % VW == 0 && aligned16(out);
+  rstep_kernel<T, C><<<unsigned(g.blocks), C::THREADS, 0, s>>>(d, w, out, g.rows, g.m, N, f, g.tiles_q, vec_out);
   return cudaGetLastError();
 }
 

@@ -324,6 +324,25 @@ inline DeviceFacts device_facts() { return {lab::sm_count(), lab::smem_optin()};
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// The grid of a per-factor step kernel, F-step (v1.cu) or R-step (backward.cu): B·(N/f) output rows of f columns,
+// one block per bp × bq tile of configuration C's layout. Both launchers size their grid here, so the two grids and
+// the refusal of one too large for a 1-D launch cannot drift apart.
+struct StepGrid {
+  Layout L;
+  int m;        // N/f: rows of one sample (P of the F-step, M of the R-step)
+  long rows;    // B·m
+  int tiles_q;  // column tiles
+  long blocks;  // row tiles × column tiles
+  bool fits() const { return blocks <= 0x7fffffffL; }  // gridDim.x
+};
+template <class C> StepGrid step_grid(long B, long N, int f) {
+  const Layout L = make_layout(C::THREADS, C::TM, C::TN, f);
+  const int m = int(N / f);
+  const long rows = B * m;
+  const int tiles_q = cdiv(f, L.bq);
+  return StepGrid{L, m, rows, tiles_q, (rows + L.bp - 1) / L.bp * tiles_q};
+}
+
 // Per-SM cost of a grid of `tiles` equal tiles, in FMA slots; smaller 4×4 tiles pay for their extra shared loads.
 template <class T> double grid_cost(long tiles, int cfg, int f, int sms) {
   const CfgShape c = cfg_shape<T>(cfg);

@@ -42,16 +42,13 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
 template <class T, class C>
 cudaError_t launch_fstep(const T* x, const T* w, T* y, long B, long N, int f, cudaStream_t s) {
   constexpr int VW = Vec<T>::n;
-  const Layout L = make_layout(C::THREADS, C::TM, C::TN, f);
-  const int P = int(N / f);
-  const long rows = B * P;
-  const int tiles_q = cdiv(f, L.bq);
-  const long blocks = (rows + L.bp - 1) / L.bp * tiles_q;
-  if (blocks > 0x7fffffffL) return cudaErrorInvalidConfiguration;
-  const bool vec_x = P % VW == 0 && N % VW == 0 && aligned16(x);
+  const StepGrid g = step_grid<C>(B, N, f);  // P = g.m rows of a sample
+  if (!g.fits()) return cudaErrorInvalidConfiguration;
+  const bool vec_x = g.m % VW == 0 && N % VW == 0 && aligned16(x);
   const bool vec_w = f % VW == 0 && aligned16(w);
   const bool vec_y = f % VW == 0 && aligned16(y);
-  fstep_kernel<T, C><<<unsigned(blocks), C::THREADS, 0, s>>>(x, w, y, rows, P, N, f, tiles_q, vec_x, vec_w, vec_y);
+  fstep_kernel<T, C><<<unsigned(g.blocks), C::THREADS, 0, s>>>(x, w, y, g.rows, g.m, N, f, g.tiles_q, vec_x, vec_w,
+                                                                vec_y);
   return cudaGetLastError();
 }
 

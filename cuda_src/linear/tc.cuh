@@ -1,6 +1,7 @@
 // linear/tc.cuh — what the tensor-core units (v10.cu, v11.cu) and the fill share (the ladder: linear.cuh):
-// bf16 and its conversions, the paired epilogue store, the ldmatrix and mma.sync wrappers. Apart from linear.cuh
-// because <cuda_bf16.h> costs every unit that includes it ~0.5 s of compile time.
+// bf16 and its conversions, the paired epilogue store, the ldmatrix and mma.sync wrappers; on the host, the two units'
+// element type and their launch. Apart from linear.cuh because <cuda_bf16.h> costs every unit that includes it ~0.5 s
+// of compile time.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -80,6 +81,29 @@ __device__ __forceinline__ void mma_16x8(float (&c)[4], const uint32_t (&a)[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
+}
+
+// ---- host side: what both tensor-core units (v10.cu, v11.cu) share ------------------------------------------------
+// The element type of a unit built once per dtype (`// lab:variants dtype=f32,bf16`, each build with
+// -DLAB_VARIANT_dtype_f32 or _bf16): float for float32 tensors (multiplied in TF32), bf16 for bfloat16 ones. Each
+// unit instantiates its launcher for this type alone (as kron.cuh's Real, optim.cuh's VariantParam).
+#if defined(LAB_VARIANT_dtype_f32)
+using VariantT = float;
+#elif defined(LAB_VARIANT_dtype_bf16)
+using VariantT = bf16;
+#endif
+
+// Their blocks take more dynamic shared memory than the 48 KB a kernel gets without asking: the kernel opts in to
+// `smem` bytes first, then runs on a 1-D grid of g tiles (a grid too large for one dimension is refused before
+// anything runs). One function, so the two units cannot drift apart in the order of these steps or their errors.
+template <class... P, class... A>
+cudaError_t launch_opt_in_smem(void (*kernel)(P...), int64_t g, int threads, int smem, cudaStream_t s,
+                               const A&... args) {
+  if (g > kMaxGrid) return cudaErrorInvalidConfiguration;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  kernel<<<unsigned(g), threads, smem, s>>>(args...);
+  return cudaGetLastError();
 }
 
 }  // namespace linear

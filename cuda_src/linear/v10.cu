@@ -122,22 +122,12 @@ template <class T>
 cudaError_t launch_mma(const T* x, const T* w, const T* b, T* y, int M, int N, int K, bool vec_in, bool vec_out,
                        cudaStream_t s) {
   if (device_major() < 8) return cudaErrorNotSupported;  // mma.sync / cp.async / ldmatrix need sm_80+
-  const int64_t g = tiles(M, N, mma::BM, mma::BN);
-  if (g > kMaxGrid) return cudaErrorInvalidConfiguration;
   auto kernel = vec_in ? v10_mma_sync<T, true> : v10_mma_sync<T, false>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mma::SMEM);
-  if (e != cudaSuccess) return e;
-  kernel<<<unsigned(g), mma::THREADS, mma::SMEM, s>>>(x, w, b, y, M, N, K, vec_out);
-  return cudaGetLastError();
+  return launch_opt_in_smem(kernel, tiles(M, N, mma::BM, mma::BN), mma::THREADS, mma::SMEM, s, x, w, b, y, M, N, K,
+                            vec_out);
 }
 
-#if defined(LAB_VARIANT_dtype_f32)
-using T = float;  // v10 on float32 tensors: TF32 multiplies
-#elif defined(LAB_VARIANT_dtype_bf16)
-using T = bf16;   // v10 on bfloat16 tensors
-#else
-#error "v10.cu is built once per dtype (// lab:variants dtype=f32,bf16): define LAB_VARIANT_dtype_f32 or _bf16"
-#endif
+using T = VariantT;  // this build's dtype (tc.cuh): float (v10 on float32 tensors: TF32 multiplies) or bf16
 
 cudaError_t forward_mma(const T* x, const T* w, const T* b, T* y, int M, int N, int K, cudaStream_t s) {
   return launch_mma<T>(x, w, b, y, M, N, K, vec_in(x, w, K), vec2_out(y, b, N), s);

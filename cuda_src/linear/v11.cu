@@ -134,13 +134,8 @@ cudaError_t launch_wgmma_bn(const T* x, const T* w, const T* b, T* y, int M, int
   CUtensorMap tmx, tmw;
   if (!make_tensor_map(&tmx, x, dt, C::ES, K, M, C::BM) || !make_tensor_map(&tmw, w, dt, C::ES, K, N, BN))
     return cudaErrorInvalidValue;
-  const int64_t g = tiles(M, N, C::BM, BN);
-  if (g > kMaxGrid) return cudaErrorInvalidConfiguration;
-  auto kernel = v11_wgmma<T, BN>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
-  if (e != cudaSuccess) return e;
-  kernel<<<unsigned(g), 384, C::SMEM, s>>>(tmx, tmw, b, y, M, N, K, vec_out);
-  return cudaGetLastError();
+  return launch_opt_in_smem(v11_wgmma<T, BN>, tiles(M, N, C::BM, BN), 384, C::SMEM, s, tmx, tmw, b, y, M, N, K,
+                            vec_out);
 }
 
 // v11: 128x256 tiles when they fill the GPU, else 128x128 (twice the blocks: fc_out at M = 128 has 24 tiles of
@@ -157,13 +152,8 @@ cudaError_t launch_wgmma(const T* x, const T* w, const T* b, T* y, int M, int N,
   return launch_wgmma_bn<T, 128>(x, w, b, y, M, N, K, vec_out, s);
 }
 
-#if defined(LAB_VARIANT_dtype_f32)
-using T = float;  // v11 on float32 tensors: TF32 (the tensor core truncates the fp32 bits)
-#elif defined(LAB_VARIANT_dtype_bf16)
-using T = bf16;   // v11 on bfloat16 tensors
-#else
-#error "v11.cu is built once per dtype (// lab:variants dtype=f32,bf16): define LAB_VARIANT_dtype_f32 or _bf16"
-#endif
+using T = VariantT;  // this build's dtype (tc.cuh): float (v11 on float32 tensors: TF32, the tensor core truncates
+                     // the fp32 bits) or bf16
 
 cudaError_t forward_wgmma(const T* x, const T* w, const T* b, T* y, int M, int N, int K, cudaStream_t s) {
   return launch_wgmma<T>(x, w, b, y, M, N, K, vec2_out(y, b, N), s);

@@ -400,4 +400,21 @@ inline TableView table_view(const void* dev, const void* host) {
   return {hd, recs, tail, counter};
 }
 
+// The step of a table version, exported by v3.cu and v4.cu as "adam_v3" / "adam_v4" (the binding calls it as an
+// AdamTableFn): the hyper-parameters, the device table at `dev` as the kernel sees it (read off the host image `host`
+// it was uploaded from), one launch counted, the amsgrad dispatch. The two versions differ only in their kernel:
+// Kernel::launch<AMS>(tv, h, stream) launches the unit's own. Written once here so their launchers cannot drift.
+template <class Kernel>
+cudaError_t adam_table(bool amsgrad, const void* dev, const void* host, float lr, const float* lr_ptr, double beta1,
+                       double beta2, float eps, float wd, bool decoupled, bool maximize, cudaStream_t stream,
+                       int* launches) {
+  const Hyper h = make_hyper(lr, lr_ptr, beta1, beta2, eps, wd, decoupled, maximize);
+  const TableView tv = table_view(dev, host);
+  ++*launches;
+  return dispatch_ams(amsgrad, [&](auto ams) {
+    Kernel::template launch<decltype(ams)::value>(tv, h, stream);
+    return cudaGetLastError();
+  });
+}
+
 }  // namespace optim

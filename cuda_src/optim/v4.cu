@@ -107,22 +107,16 @@ void table_fill_v4(bool amsgrad, const void* const* ptrs, const int64_t* numel, 
   table_fill(4, ptrs, numel, n, chunk, blocks, total_quads, qpt, host);
 }
 
-// The step, reading the table at `dev` (uploaded from the image `host`).
-cudaError_t adam_v4(bool amsgrad, const void* dev, const void* host, float lr, const float* lr_ptr, double beta1,
-                    double beta2, float eps, float wd, bool decoupled, bool maximize, cudaStream_t stream,
-                    int* launches) {
-  const Hyper h = make_hyper(lr, lr_ptr, beta1, beta2, eps, wd, decoupled, maximize);
-  const TableView tv = table_view(dev, host);
-  ++*launches;
-  return dispatch_ams(amsgrad, [&](auto ams) {
-    adam_flat_kernel<VariantParam, decltype(ams)::value><<<tv.hd->blocks, kBlock, 0, stream>>>(
+// The step, reading the table at `dev` (uploaded from the image `host`): adam_table (optim.cuh) with v4's kernel.
+struct FlatKernel {
+  template <bool AMS> static void launch(const TableView& tv, const Hyper& h, cudaStream_t stream) {
+    adam_flat_kernel<VariantParam, AMS><<<tv.hd->blocks, kBlock, 0, stream>>>(
         tv.recs, reinterpret_cast<const int*>(tv.tail), tv.hd->n, tv.hd->total_quads, tv.hd->q_per_thread, h,
         tv.counter);
-    return cudaGetLastError();
-  });
-}
+  }
+};
 
 }  // namespace optim
 
 LAB_EXPORTS(LAB_EXPORT("table_bytes_v4", optim::table_bytes_v4), LAB_EXPORT("table_fill_v4", optim::table_fill_v4),
-            LAB_EXPORT("adam_v4", optim::adam_v4))
+            LAB_EXPORT("adam_v4", optim::adam_table<optim::FlatKernel>))
