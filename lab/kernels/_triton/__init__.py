@@ -59,8 +59,3 @@ def version(fn: Callable[..., Any], idea: str, name: str = "triton", **kw: Any) 
     if MISSING:
         return Version(name, _missing, NO_DEVICE, f"{idea} [skipped: {MISSING}]", **kw)
     return Version(name, fn, "cuda", idea, **kw)
-
-
-def first_config_when_interpreting(configs: list, named_args: dict, **kwargs: Any) -> list:
-    """Autotune's early prune: the interpreter cannot time configs (no CUDA events), and one is enough to check."""
-    return configs[:1] if interpreting() else configs

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import check_device, first_config_when_interpreting, interpreting
+from . import check_device, interpreting
 
 # A few configs, kept small: 128x128 and 128x256 tiles for the large square problems, 64-row tiles for small M.
 CONFIGS = [
@@ -29,11 +29,14 @@ CONFIGS = [
 ]
 
 
-@triton.autotune(configs=CONFIGS, key=["M", "N", "K", "PRECISION"],
-                 prune_configs_by={"early_config_prune": first_config_when_interpreting})
+# The interpreter cannot time configs (no CUDA events), and one is enough to check, so it gets one, picked when the
+# kernel is decorated (when TRITON_INTERPRET is read). Pruning to one at launch is not enough: Triton 3.6's autotuner
+# still times a lone survivor (3.8's does not), running the interpreted kernel over and over where there is a GPU and
+# failing for want of a driver where there is none.
+@triton.autotune(configs=CONFIGS[:1] if interpreting() else CONFIGS, key=["M", "N", "K", "PRECISION"])
 @triton.jit
 def linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, K_STATIC: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     # Grouped order: GROUP_M row tiles sweep the column tiles together, so a W tile is read from L2 by GROUP_M
     # programs in a row instead of from DRAM by each.
@@ -52,7 +55,9 @@ def linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, str
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]     # (BLOCK_M, BLOCK_K) of x
     w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + rk[:, None]     # (BLOCK_K, BLOCK_N) of Wᵀ: W as stored
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # K_STATIC: K as a Python int, under the interpreter only (see linear()); on the GPU it is None and the loop runs
+    # to the runtime K, so one compile serves every K.
+    for k0 in range(0, K if K_STATIC is None else K_STATIC, BLOCK_K):
         k_ok = rk < K - k0                                 # K's tail; rows past M / N read zeros, never stored
         a = tl.load(x_ptrs, mask=(rm[:, None] < M) & k_ok[None, :], other=0.0)
         b = tl.load(w_ptrs, mask=(rn[None, :] < N) & k_ok[:, None], other=0.0)
@@ -98,6 +103,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     # UPCAST: Triton 3.8's interpreter multiplies bfloat16 tiles in tl.dot as their uint16 bit patterns (numpy has no
     # bf16), so under the interpreter the bf16 tiles go to fp32 first; on the GPU tl.dot takes them as they are. (The
     # interpreter also ignores "tf32": it multiplies in fp32, so the TF32 rounding is only checked on the GPU.)
+    # K_STATIC: Triton 3.6's interpreter cannot range() over a runtime scalar (it holds one as a 1-element array, and
+    # its int() of that is an error from NumPy 2.4 on; 3.8 squeezes it first), so the interpreter loops to K passed as
+    # a constexpr; the interpreter compiles nothing, so that costs nothing. Not a while loop: on the GPU Triton
+    # pipelines (num_stages) only for loops.
 
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
@@ -105,5 +114,5 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     linear_kernel[grid](x2, weight, bias if bias is not None else out, y2, m, n, k,
                         x2.stride(0), weight.stride(0), y2.stride(0),
                         HAS_BIAS=bias is not None, PRECISION=precision,
-                        UPCAST=interpreting() and x.dtype == torch.bfloat16)
+                        UPCAST=interpreting() and x.dtype == torch.bfloat16, K_STATIC=k if interpreting() else None)
     return out
