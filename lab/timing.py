@@ -153,6 +153,11 @@ def time_cuda(fn: Callable[[], object], *, graph: bool = False, flush: bool = Tr
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     host = []
     for i in range(n):
+        # The host waits for the previous repetition to end: the head start makes the GPU slower per repetition than
+        # the host, so unchecked the host runs ahead until the launch queue is full and then blocks inside some
+        # launch, in the call as often as not (seen on the H100: an add's p80 read as the 300 us of the head start)
+        if i:
+            ends[i - 1].synchronize()
         if flush:
             flush_l2()
         torch.cuda._sleep(int(head_start_us * _CYCLES_PER_US))   # flushed or warm alike
@@ -169,7 +174,9 @@ def time_cuda(fn: Callable[[], object], *, graph: bool = False, flush: bool = Tr
 def waits_for_the_gpu(run: Callable[[], object]) -> bool:
     """Does a call block its host until the GPU catches up (a .item(), a copy to the host, an explicit sync: e.g. a
     range check of indices that reports on the host)? Its host time with the GPU busy on a long sleep exceeds its
-    host time with the GPU idle by about the sleep."""
+    host time with the GPU idle by about the sleep. A call of more launches than the launch queue holds (a for-loop
+    over 2000 tensors) blocks too, once the queue is full: it is timed in series as well, which for such a host-bound
+    call is its host time and the GPU's tail."""
     idle = []
     for _ in range(3):
         torch.cuda.synchronize()
