@@ -281,8 +281,9 @@ def main(argv=None) -> int:
     sp = sub.add_parser("check", help="verify against the references")
     common(sp, "all")
     sp.add_argument("--seeds", type=int, default=3)
-    sp.add_argument("--lean", action="store_true", help="float64 references on the CPU, no baseline run: only the "
-                    "versions' own kernels launch on the GPU (for compute-sanitizer)")
+    sp.add_argument("--lean", action="store_true", help="float64 references on the CPU, no baseline run or "
+                    "checked (unless named by --version): only our versions' kernels launch on the GPU "
+                    "(for compute-sanitizer)")
     sp.add_argument("-v", "--verbose", action="store_true")
     isolate_args(sp, 60)
     sp = sub.add_parser("bench", help="time versions and baselines")

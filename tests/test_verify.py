@@ -109,6 +109,12 @@ def test_lean_check_runs_no_baseline_and_still_fails_a_wrong_version():
     assert lean.passed and lean.torch_rel_err is None and calls == [1]
     bad = verify.check_version(op, op.versions[1], {"n": 100}, torch.float32, "cpu", seeds=(0,), lean=True)
     assert not bad.passed and "over tolerance" in bad.problem
+    # a lean sweep of the op checks our versions, not the baseline (checkable here: a Triton baseline would be)
+    op.versions[2].check = True
+    names = [r.version for r in verify.check_op(op, "cpu", [torch.float32], seeds=(0,), lean=True)]
+    assert names == ["v1", "bad"] and calls == [1]
+    names = [r.version for r in verify.check_op(op, "cpu", [torch.float32], ["torch"], seeds=(0,), lean=True)]
+    assert names == ["torch"]
 
 
 def test_a_few_wrong_elements_fail_though_the_norm_passes():
