@@ -648,3 +648,64 @@ def ncu_table(rows: list[dict]) -> str:
                      f"{f(r['l2_gbps'], '.0f'):>9} {f(r['sm_pct']):>5} {f(r['tensor_pct']):>5} "
                      f"{f(r['occupancy_pct']):>5} {f(r['regs'], '.0f'):>4} {smem:>6.0f}  {stalls}")
     return "\n".join(lines)
+
+
+# =================================================================================================================
+# What bounds a version: its dominant kernel, read from the recorded metrics
+# =================================================================================================================
+BOUND_AT_PCT = 60.0   # a unit this busy (% of its peak) is what the kernel waits on; below it on every unit: latency
+
+
+def kernel_bound(row: dict) -> str:
+    """One ncu row's bound: 'memory' (DRAM throughput at or above BOUND_AT_PCT of peak), 'compute' (the SM's issue
+    or the tensor pipe at or above it), else 'latency' (nothing near its peak: too few warps or bytes in flight, or
+    a kernel too short to fill the chip). The busier unit wins where both pass."""
+    dram, sm, tc = (row.get(k) or 0.0 for k in ("dram_pct", "sm_pct", "tensor_pct"))
+    if max(dram, sm, tc) < BOUND_AT_PCT:
+        return "latency"
+    return "memory" if dram >= max(sm, tc) else "compute"
+
+
+def dominant_kernel_line(family: str, op: str, device_name: str | None = None, dtype: str | None = None) -> str:
+    """Per version (newest ncu run of each), the kernel that takes most of its time and what bounds it, one line
+    each, from results/<device>/ncu.csv; where a version has no ncu rows, from profiles.csv (time share only, bound
+    not measured). Says so when neither table has rows for the op."""
+    where = {"family": family, "op": op, **({"device_name": device_name} if device_name else {}),
+             **({"dtype": dtype} if dtype else {})}
+    lines = []
+    ncu_rows = _newest_run_per_version(read_ncu(**where))
+    for version, rs in ncu_rows.items():
+        total = sum(r["duration_us"] or 0.0 for r in rs)
+        top = max(rs, key=lambda r: r["duration_us"] or 0.0)
+        share = 100 * (top["duration_us"] or 0.0) / total if total else 0.0
+        lines.append(f"{version:<12} {short_kernel_name(top['kernel'] or '?', 34):<34} {top['duration_us']:8.2f} us "
+                     f"({share:3.0f}% of {total:.2f} us)  DRAM {top.get('dram_pct') or 0:4.0f}%  SM "
+                     f"{top.get('sm_pct') or 0:4.0f}%  TC {top.get('tensor_pct') or 0:4.0f}%  -> "
+                     f"{kernel_bound(top)}-bound (ncu {top['commit']})")
+    for version, rs in _newest_run_per_version(read_profiles(**where)).items():
+        if version in ncu_rows:
+            continue
+        total = sum(r["us_per_call"] or 0.0 for r in rs)
+        top = max(rs, key=lambda r: r["us_per_call"] or 0.0)
+        share = 100 * (top["us_per_call"] or 0.0) / total if total else 0.0
+        lines.append(f"{version:<12} {short_kernel_name(top['kernel'] or '?', 34):<34} {top['us_per_call']:8.2f} us "
+                     f"({share:3.0f}% of {total:.2f} us)  bound not measured (no ncu rows; python -m lab profile "
+                     f"{family} --op {op} --ncu)")
+    if not lines:
+        return (f"{family}.{op}: no recorded profile rows (python -m lab profile {family} --op {op}, on a GPU "
+                f"add --ncu)")
+    return "\n".join(lines)
+
+
+def _newest_run_per_version(rows: list[dict]) -> dict[str, list[dict]]:
+    newest: dict[str, str] = {}
+    for r in rows:
+        v = r.get("version") or "?"
+        if (r.get("run_id") or "") > newest.get(v, ""):
+            newest[v] = r.get("run_id") or ""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        v = r.get("version") or "?"
+        if (r.get("run_id") or "") == newest[v]:
+            out.setdefault(v, []).append(r)
+    return out

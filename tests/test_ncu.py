@@ -195,3 +195,27 @@ def test_cli_profile_ncu_without_ncu_exits_cleanly(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[lab] profile --ncu: Nsight Compute (ncu) was not found" in r.stdout
     assert not list(tmp_path.rglob("ncu.csv"))
+
+
+def test_the_dominant_kernel_and_its_bound_are_read_from_recorded_rows(tmp_path, monkeypatch):
+    """tests/fixtures/ncu_h100_embedding_forward.csv IS a recording: results/<H100>/ncu.csv of `python -m lab profile
+    embedding --op forward --dtype f --ncu` at d465051 (4096 tokens, a 9 us gather: no unit near its peak)."""
+    dev = tmp_path / "nvidia-h100-80gb-hbm3"
+    dev.mkdir()
+    (dev / profile.NCU).write_text((FIXTURES / "ncu_h100_embedding_forward.csv").read_text())
+    monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path))
+    lines = profile.dominant_kernel_line("embedding", "forward").splitlines()
+    assert [ln.split()[0] for ln in lines] == ["v1", "v2", "v3", "v4", "torch"]
+    assert "embedding_fwd_v1" in lines[0] and "71% of 32.42 us" in lines[0] and lines[0].endswith("(ncu d465051)")
+    assert all("latency-bound" in ln for ln in lines)
+    assert profile.kernel_bound({"dram_pct": 85.0, "sm_pct": 30.0}) == "memory"
+    assert profile.kernel_bound({"dram_pct": 20.0, "sm_pct": 70.0, "tensor_pct": 90.0}) == "compute"
+    assert profile.kernel_bound({"dram_pct": None, "sm_pct": 12.0}) == "latency"
+    # a version with kernel times but no ncu rows: its time share, and the bound said to be unmeasured
+    profile.record([{"family": "embedding", "op": "forward", "version": "v9", "role": "ours", "shape": "s",
+                     "dtype": "float32", "precision": "float32", "mode": "eager", "device": "cuda",
+                     "device_name": "NVIDIA H100 80GB HBM3", "kernel": "void gather_v9(float*)", "category": "ours",
+                     "us_per_call": 7.5, "calls_per_call": 1, "reps": 3, "commit": "abc", "run_id": "r"}])
+    v9 = profile.dominant_kernel_line("embedding", "forward").splitlines()[-1]
+    assert v9.startswith("v9") and "bound not measured" in v9 and "100% of 7.50 us" in v9
+    assert "no recorded profile rows" in profile.dominant_kernel_line("embedding", "backward")
