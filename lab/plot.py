@@ -2,26 +2,33 @@
 
 Per op: time against size (one line per version), speedup over the baseline at the largest size, a roofline
 (achieved TFLOP/s against arithmetic intensity, under the measured copy-bandwidth and matrix-rate ceilings), and the
-profile figure (`plot_profile`: each version's device time per call split by kernel, from profiles.csv).
+profile figure (`plot_profile`: each version's device time per call split by kernel, from profiles.csv), and
+where Nsight Compute ran, the measured figure (`plot_roofline_measured`: each version at the DRAM bytes ncu measured
+beside the formula's bytes: a roofline, or bars of bytes for an op with no FLOP formula).
 Each figure says which GPU, which run and which formula its rates come from.
 """
 from __future__ import annotations
 
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import matplotlib
 import numpy as np
+import torch
 
 if "ipykernel" not in sys.modules:
     # scripts and the CLI draw to files (no display needed); inside a notebook keep the inline backend, or
     # plt.show() after `from lab import plot` would show nothing (seen in notebook 01's first H100 run)
     matplotlib.use("Agg")
+import matplotlib.lines  # noqa: E402
+import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 from . import env, profile, registry, results  # noqa: E402
-from .ceilings import ceilings_cached  # noqa: E402
+from .ceilings import ceilings_cached, peak_for  # noqa: E402
 from .registry import Op  # noqa: E402
 
 
@@ -275,6 +282,198 @@ def plot_profile(family, op, device_name: str | None = None, dtype: str | None =
     return save_figure(fig, f"{fam}_{opname}_{r0['dtype']}_kernels", device_name=r0["device_name"])
 
 
+# ---- measured bytes (Nsight Compute) beside the formula's --------------------------------------------------------
+_MEASURED = "C0"
+
+
+def _wrap(text: str, width: int = 150) -> str:
+    return "\n".join(textwrap.fill(par, width) if par else par for par in text.split("\n"))
+
+
+def _ncu_footer(fig, calls: list[dict], what: str) -> int:
+    """The footer of a figure from ncu rows: what it draws, the op's formula, the ncu version, then _footer's device /
+    torch / CUDA / commit stamp of those rows. Returns its number of lines (the caller leaves room for them)."""
+    rows = [r for c in calls for r in c["rows"]]
+    formulas = sorted({c["formula"] for c in calls if c["formula"]})
+    tools = sorted({r.get("ncu") or "?" for r in rows})
+    text = _wrap(f"{what}\nformula: {'; '.join(formulas) or '(none registered)'}\n"
+                 f"Nsight Compute {', '.join(tools)}; the ncu rows' commit and machine:")
+    _footer(fig, rows, text)
+    return text.count("\n") + 2
+
+
+def _ncu_title(fam: str, opname: str, calls: list[dict], what: str) -> str:
+    shapes = sorted({c["shape"] for c in calls})
+    at = shapes[0] if len(shapes) == 1 else "the shape each version was profiled at (labels)"
+    return f"{fam}.{opname} ({calls[0]['dtype']}): {what}\nat {at}"
+
+
+def _measured_bars(fam: str, opname: str, calls: list[dict], ceil: dict | None):
+    """Per version, measured DRAM bytes (filled) beside the formula's (hatched), in MB; above the measured bar the
+    GB/s those bytes make in the call's time, against the copy ceiling."""
+    n = len(calls)
+    width_in = max(8.0, 2.4 + 1.45 * n)
+    height = 6.2
+    fig, ax = plt.subplots(figsize=(width_in, height))
+    xs = np.arange(n)
+    w = 0.38
+    top = max([c["measured_bytes"] or 0 for c in calls] + [c["formula_bytes"] or 0 for c in calls]) / 1e6 or 1.0
+    copy = (ceil or {}).get("copy_gbps")
+    labels = []
+    for x, c in zip(xs, calls):
+        color = "0.55" if c["role"] == "baseline" else _MEASURED
+        m, fb, t = c["measured_bytes"], c["formula_bytes"], c["time_us"]
+        for dx, v, kw in ((-w / 2, m, {"color": color}),
+                          (w / 2, fb, {"facecolor": "white", "edgecolor": color, "hatch": "///", "lw": 1.0})):
+            if v is not None:
+                ax.bar(x + dx, v / 1e6, w, zorder=3, **kw)
+                ax.annotate(f"{v / 1e6:.3g} MB", (x + dx, v / 1e6), xytext=(0, 2), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=7, zorder=5)
+        gbps = m / (t * 1e-6) / 1e9 if m is not None and t else None
+        label = f"{c['version']}\n{t:.3g} us, {c['launches']} kernel{'s' if c['launches'] != 1 else ''}"
+        if gbps is not None:
+            label += f"\n{gbps:,.0f} GB/s" + (f" ({100 * gbps / copy:.0f}% of copy)" if copy else "")
+        if m is not None and fb:
+            label += f"\n{m / fb:.2f}x the formula"
+        labels.append(label)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, fontsize=7.5)
+    for lab, c in zip(ax.get_xticklabels(), calls):
+        if c["role"] == "baseline":
+            lab.set_color("0.35")
+            lab.set_fontstyle("italic")
+    ax.set_xlim(-0.6, n - 0.4)
+    ax.set_ylim(0, top * 1.12)     # room for the MB above the bars
+    ax.set_ylabel("bytes per call (MB)")
+    ax.grid(True, axis="y", alpha=0.3, zorder=0)
+    copy_txt = f"copy ceiling {copy:,.0f} GB/s" if copy else "no copy ceiling recorded for this device and torch"
+    handles = [matplotlib.patches.Patch(color=_MEASURED, label="measured DRAM bytes\n(ncu, read + write)"),
+               matplotlib.patches.Patch(facecolor="white", edgecolor=_MEASURED, hatch="///",
+                                        label="formula bytes\n(op.nbytes)"),
+               matplotlib.patches.Patch(color="0.55", label="baseline (grey)"),
+               matplotlib.lines.Line2D([], [], color="none", label=f"under each version: its\nmeasured bytes' "
+                                                                   f"GB/s;\n{copy_txt}")]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+    ax.set_title(_ncu_title(fam, opname, calls, "measured DRAM bytes against the formula's"), fontsize=10)
+    lines = _ncu_footer(fig, calls, "bar = one call of the version (the kernels of its newest ncu run, summed); "
+                                    "measured = dram__bytes_read.sum + dram__bytes_write.sum (= dram_gbps x duration "
+                                    "per kernel); time = the kernels' durations under ncu (clocks locked by ncu: not "
+                                    "the benchmark's time). Over 1x the formula: it moves more than it must; under: "
+                                    "the L2 served part of what the formula counts (repeated rows read once; writes "
+                                    "still in the L2 when the kernel ended: ncu counts DRAM traffic within a kernel)")
+    right = 1 - 1.9 / width_in
+    fig.subplots_adjust(left=0.9 / width_in, right=right, top=1 - 0.75 / height,
+                        bottom=(0.8 + 0.125 * lines + 0.12) / height)
+    return fig
+
+
+def _measured_roofline(fam: str, opname: str, calls: list[dict], ceil: dict | None):
+    """Achieved TFLOP/s (formula FLOPs over the ncu time) against arithmetic intensity, each version twice: at its
+    measured DRAM bytes (filled) and at the formula's bytes (hollow), joined; under the copy roof and the compute roof
+    of each version's ceiling (lab.ceilings.peak_for: cuBLAS at its precision, or the FP32 FMA probe)."""
+    width_in, height = 10.0, 6.2
+    fig, ax = plt.subplots(figsize=(width_in, height))
+    pts = []
+    for c in calls:
+        if not c["flops"] or not c["time_us"]:
+            continue
+        y = c["flops"] / (c["time_us"] * 1e-6) / 1e12
+        xm = c["flops"] / c["measured_bytes"] if c["measured_bytes"] else None
+        xf = c["flops"] / c["formula_bytes"] if c["formula_bytes"] else None
+        pts.append((c, y, xm, xf))
+    peaks: dict[str, float] = {}
+    o = _op_or_none(fam, opname)
+    dt = getattr(torch, calls[0]["dtype"] or "", None)
+    if ceil and o is not None and isinstance(dt, torch.dtype):
+        for c in calls:
+            try:
+                kind = o.version(c["version"]).ceiling or o.compute_ceiling
+            except KeyError:
+                kind = o.compute_ceiling
+            prec = c["precision"] if c["precision"] != c["dtype"] else None
+            for k in ([kind] if kind else ["fma", "gemm"]):   # a memory-bound op: its dtype's compute roof, if any
+                p = peak_for(ceil, dt, prec, k)
+                if p:
+                    peaks[f"FP32 FMA probe {p:.0f} TFLOP/s" if k == "fma" else
+                          f"cuBLAS {prec or calls[0]['dtype']} {p:.0f} TFLOP/s"] = p
+                    break
+    bw = ceil["copy_gbps"] * 1e9 if ceil else None
+    xs_all = [x for _, _, xm, xf in pts for x in (xm, xf) if x]
+    if xs_all:
+        lo = min(xs_all) / 4
+        hi = max(xs_all) * 4
+        if bw and peaks:
+            hi = max(hi, max(peaks.values()) * 1e12 / bw * 4)
+        grid = np.logspace(np.log10(lo), np.log10(hi), 200)
+        if bw:   # the copy roof, up to the highest compute roof (the roofs in greys: the colors are the versions')
+            mem = grid * bw / 1e12
+            ax.plot(grid, np.minimum(mem, max(peaks.values())) if peaks else mem, color="0.25", lw=1.2, ls="--",
+                    label=f"copy roof {ceil['copy_gbps']:,.0f} GB/s")
+        for i, (name, p) in enumerate(sorted(peaks.items(), key=lambda kv: kv[1])):   # flat, from its ridge point on
+            flat = grid[grid >= p * 1e12 / bw] if bw else grid
+            ax.plot(flat, np.full_like(flat, p), lw=1.2, color=("0.45", "0.2", "0.6")[i % 3],
+                    ls=("-", "-.", ":")[i % 3], label=name)
+    for i, (c, y, xm, xf) in enumerate(pts):
+        st = _style(i)
+        if xm and xf:
+            ax.plot([xm, xf], [y, y], color=st["color"], lw=1.2, zorder=3)
+        if xm:
+            ax.plot([xm], [y], ls="none", ms=8, marker=st["marker"], color=st["color"], zorder=4,
+                    label=f"{c['version']}: {y:.3g} TFLOP/s, measured/formula bytes "
+                          f"{c['measured_bytes'] / c['formula_bytes']:.2f}" if xf else c["version"])
+        if xf:
+            ax.plot([xf], [y], ls="none", ms=8, marker=st["marker"], markerfacecolor="none", mew=1.5,
+                    color=st["color"], zorder=4, label=None if xm else f"{c['version']} (formula bytes only)")
+    ax.plot([], [], ls="none", marker="o", color="0.3", ms=7, label="filled: at measured DRAM bytes (ncu)")
+    ax.plot([], [], ls="none", marker="o", color="0.3", markerfacecolor="none", ms=7, label="hollow: at formula bytes")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):   # ticks at 1, 2, 5 of each decade, written 20, 100, 500: not 2 x 10^1
+        axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("arithmetic intensity (formula FLOPs per byte)")
+    ax.set_ylabel("achieved TFLOP/s (formula FLOPs / ncu time)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+    ax.set_title(_ncu_title(fam, opname, calls, "roofline from measured DRAM bytes"), fontsize=10)
+    lines = _ncu_footer(fig, calls, "point = one call of the version (the kernels of its newest ncu run, summed): "
+                                    "filled at the DRAM bytes ncu measured (read + write), hollow at the formula's; "
+                                    "left of the hollow one: it moves more than it must. Time = the kernels' durations "
+                                    "under ncu (clocks locked by ncu)")
+    fig.subplots_adjust(left=0.8 / width_in, right=1 - 3.6 / width_in, top=1 - 0.75 / height,
+                        bottom=(0.6 + 0.14 * lines + 0.15) / height)
+    return fig
+
+
+def _op_or_none(family: str, op: str) -> Op | None:
+    try:
+        return registry.get(family).op(op)
+    except KeyError:
+        return None
+
+
+def plot_roofline_measured(family, op, device_name: str | None = None, dtype: str | None = None, save: bool = True):
+    """Each version placed by what Nsight Compute measured (results/<device>/ncu.csv: its newest run, launches
+    summed) beside the op's formula: for an op with a FLOP formula a roofline, each version at its measured DRAM
+    bytes (filled) and at the formula's bytes (hollow), joined; for one without (memory-bound: embedding) bars of
+    measured against formula bytes per version, with the GB/s of the measured bytes against the copy ceiling.
+    `family`, `op`: names or the registry's objects; device: default the newest ncu row's, dtype the newest there.
+    Returns the saved figure's path (save=False: the figure), or None when there are no ncu rows."""
+    fam = family if isinstance(family, str) else family.name
+    opname = op if isinstance(op, str) else op.name
+    calls = profile.measured_calls(fam, opname, device_name, dtype)
+    if not calls:
+        return None
+    r0 = max((r for c in calls for r in c["rows"]), key=lambda r: r["timestamp"] or "")
+    ceil = ceilings_cached(r0["device_name"], r0["torch"])
+    roof = any(c["flops"] for c in calls)
+    fig = (_measured_roofline if roof else _measured_bars)(fam, opname, calls, ceil)
+    if not save:
+        return fig
+    return save_figure(fig, f"{fam}_{opname}_{calls[0]['dtype']}_measured", device_name=r0["device_name"])
+
+
 def plot_family(family, device_name: str | None = None) -> list[Path]:
     out = []
     for op in family.ops:
@@ -288,6 +487,12 @@ def plot_family(family, device_name: str | None = None) -> list[Path]:
         dev = device_name or (max(prof, key=lambda r: r["timestamp"] or "")["device_name"] if prof else None)
         for dt in sorted({r["dtype"] for r in prof if r["device_name"] == dev}):
             p = plot_profile(family.name, op.name, dev, dt)
+            if p:
+                out.append(p)
+        ncu_rows = profile.read_ncu(family=family.name, op=op.name)   # measured bytes beside the formula's
+        ndev = device_name or (max(ncu_rows, key=lambda r: r["timestamp"] or "")["device_name"] if ncu_rows else None)
+        for dt in sorted({r["dtype"] for r in ncu_rows if r["device_name"] == ndev}):
+            p = plot_roofline_measured(family.name, op.name, ndev, dt)
             if p:
                 out.append(p)
     for fn in family.plots:   # the family's own figures (optim's step figure), from its recorded rows

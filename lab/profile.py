@@ -35,7 +35,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, schedule
 
-from . import build, env, results
+from . import build, env, registry, results
 
 
 def host_timer_ms(fn: Callable[[], object], reps: int = 10) -> float:
@@ -709,3 +709,117 @@ def _newest_run_per_version(rows: list[dict]) -> dict[str, list[dict]]:
         if (r.get("run_id") or "") == newest[v]:
             out.setdefault(v, []).append(r)
     return out
+
+
+# =================================================================================================================
+# Measured bytes against the formula's (issue 18: a roofline from measured bytes)
+# =================================================================================================================
+_SHAPE_ITEM = re.compile(r"([A-Za-z_]\w*)=(\([^)]*\)|\S+)")
+
+
+def _shape_value(s: str):
+    """'4096' -> 4096, '-1' -> -1, '0.5' -> 0.5, '(3, 5)' -> (3, 5); anything else ('zipf', '128x128') stays a str."""
+    if s.startswith("(") and s.endswith(")"):
+        return tuple(_shape_value(t.strip()) for t in s[1:-1].split(",") if t.strip())
+    for cast in (int, float):
+        try:
+            return cast(s)
+        except ValueError:
+            pass
+    return s
+
+
+def parse_shape_label(label: str | None, like: Iterable[dict] = ()) -> dict:
+    """registry.shape_label's inverse: 'tokens=4096 dim=1024 dist=zipf idx_shape=(3, 5)' -> {'tokens': 4096, 'dim':
+    1024, 'dist': 'zipf', 'idx_shape': (3, 5)}; 'factors=128x128' stays a string. A label cannot tell kron's
+    'factors=9' (a string, one factor) from a number: `like` (the op's own shapes) names the keys whose values are
+    strings there, and those stay strings."""
+    strings = {k for s in like for k, v in s.items() if isinstance(v, str)}
+    return {k: v if k in strings else _shape_value(v) for k, v in _SHAPE_ITEM.findall(label or "")}
+
+
+def op_shapes(o) -> list[dict]:
+    """An Op's own shapes (check, bench, CPU bench): what parse_shape_label reads a label of it `like`."""
+    return list(o.check_shapes) + list(o.bench_shapes) + list(o.cpu_bench_shapes or [])
+
+
+def _formula(family: str, op: str, label: str | None, dtype: str | None) -> tuple[float | None, float | None, str]:
+    """(formula bytes, formula FLOPs, the formula in words) of family.op at a shape label and dtype name; None where
+    the op has no such formula, is not registered, or its formula cannot read this shape (an older label)."""
+    try:
+        o = registry.get(family).op(op)
+    except KeyError:
+        return None, None, ""
+    shape = parse_shape_label(label, op_shapes(o))
+    dt = getattr(torch, dtype or "", None)
+    if not isinstance(dt, torch.dtype):
+        return None, None, o.formula
+
+    def at(fn):
+        if fn is None:
+            return None
+        try:
+            v = fn(shape, dt)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        return float(v) if v is not None else None
+    return at(o.nbytes), at(o.flops), o.formula
+
+
+def measured_calls(family: str, op: str, device_name: str | None = None, dtype: str | None = None) -> list[dict]:
+    """Per version, its profiled call as ncu recorded it (the newest ncu run of each version, its launches summed),
+    on one device (default: the newest ncu row's) and dtype (default: the newest row's there), beside the op's formula:
+    {"version", "role", "shape", "dtype", "precision", "launches", "time_us", "measured_bytes", "formula_bytes",
+    "flops", "formula", "rows"}. measured_bytes = sum of dram_gbps * duration over the launches (DRAM bytes read +
+    written, dram__bytes_read.sum + dram__bytes_write.sum), None where a launch lacks it; flops from the formula (ncu
+    rows count no FLOPs). Ours in ladder order (v2 before v10), then the baselines. [] where there are no rows."""
+    rows = read_ncu(family=family, op=op)
+    if not rows:
+        return []
+    newest = lambda rs: max(rs, key=lambda r: (r.get("timestamp") or "", r.get("run_id") or ""))   # noqa: E731
+    device_name = device_name or newest(rows)["device_name"]
+    rows = [r for r in rows if r["device_name"] == device_name]
+    if rows and not dtype:
+        dtype = newest(rows)["dtype"]
+    rows = [r for r in rows if r["dtype"] == dtype]
+    out = []
+    for version, rs in _newest_run_per_version(rows).items():
+        shape = newest(rs)["shape"]          # (one run, one shape; should a run hold more, its newest row's)
+        rs = sorted((r for r in rs if r["shape"] == shape), key=lambda r: r.get("launch") or 0)
+        parts = [(r.get("dram_gbps"), r.get("duration_us")) for r in rs]
+        measured = (sum(g * 1e9 * t * 1e-6 for g, t in parts)
+                    if all(g is not None and t is not None for g, t in parts) else None)
+        nbytes, flops, formula = _formula(family, op, shape, dtype)
+        out.append({"version": version, "role": rs[0].get("role") or "ours", "shape": shape, "dtype": dtype,
+                    "precision": rs[0].get("precision"), "launches": len(rs),
+                    "time_us": sum(r.get("duration_us") or 0.0 for r in rs), "measured_bytes": measured,
+                    "formula_bytes": nbytes, "flops": flops, "formula": formula, "rows": rs})
+    digits = lambda v: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", v)]   # noqa: E731
+    return sorted(out, key=lambda c: (c["role"] == "baseline", digits(c["version"])))
+
+
+def measured_bytes_table(family: str, op: str, device_name: str | None = None, dtype: str | None = None) -> str:
+    """Per version (newest ncu run of each): time per call (its kernels' durations summed), the DRAM bytes ncu
+    measured, the bytes the op's formula counts, and their ratio (above 1: the version moves more than it must; below:
+    caches served part of what the formula counts), with the GB/s the measured bytes make."""
+    calls = measured_calls(family, op, device_name, dtype)
+    if not calls:
+        return (f"{family}.{op}: no recorded ncu rows (python -m lab profile {family} --op {op} --ncu, on a GPU)")
+    c0 = calls[0]["rows"][0]
+    shapes = sorted({c["shape"] for c in calls})
+    head = (f"{family}.{op} ({calls[0]['dtype']}) on {c0['device_name']}, ncu rows of "
+            f"{', '.join(sorted({r['commit'] or '?' for c in calls for r in c['rows']}))}"
+            + (f", at {shapes[0]}" if len(shapes) == 1 else ""))
+
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+    lines = [head, f"{'version':<12} {'kernels':>7} {'time us':>9} {'measured MB':>11} {'formula MB':>10} "
+                   f"{'meas/formula':>12} {'GB/s meas':>9}" + ("  shape" if len(shapes) > 1 else "")]
+    for c in calls:
+        m, fb, t = c["measured_bytes"], c["formula_bytes"], c["time_us"]
+        ratio = m / fb if m is not None and fb else None
+        gbps = m / (t * 1e-6) / 1e9 if m is not None and t else None
+        lines.append(f"{c['version']:<12} {c['launches']:>7} {t:>9.2f} {f(m and m / 1e6, '.3f'):>11} "
+                     f"{f(fb and fb / 1e6, '.3f'):>10} {f(ratio, '.2f'):>12} {f(gbps, '.0f'):>9}"
+                     + (f"  {c['shape']}" if len(shapes) > 1 else ""))
+    return "\n".join(lines)
