@@ -666,12 +666,14 @@ def kernel_bound(row: dict) -> str:
     return "memory" if dram >= max(sm, tc) else "compute"
 
 
-def dominant_kernel_line(family: str, op: str, device_name: str | None = None, dtype: str | None = None) -> str:
+def dominant_kernel_line(family: str, op: str, device_name: str | None = None, dtype: str | None = None,
+                         shape: str | None = None) -> str:
     """Per version (newest ncu run of each), the kernel that takes most of its time and what bounds it, one line
     each, from results/<device>/ncu.csv; where a version has no ncu rows, from profiles.csv (time share only, bound
-    not measured). Says so when neither table has rows for the op."""
+    not measured). shape: a shape label ("n=1048576"), so that a version profiled at another shape before does not
+    answer for this one. Says so when neither table has rows for the op."""
     where = {"family": family, "op": op, **({"device_name": device_name} if device_name else {}),
-             **({"dtype": dtype} if dtype else {})}
+             **({"dtype": dtype} if dtype else {}), **({"shape": shape} if shape else {})}
     lines = []
     ncu_rows = _newest_run_per_version(read_ncu(**where))
     for version, rs in ncu_rows.items():

@@ -219,3 +219,6 @@ def test_the_dominant_kernel_and_its_bound_are_read_from_recorded_rows(tmp_path,
     v9 = profile.dominant_kernel_line("embedding", "forward").splitlines()[-1]
     assert v9.startswith("v9") and "bound not measured" in v9 and "100% of 7.50 us" in v9
     assert "no recorded profile rows" in profile.dominant_kernel_line("embedding", "backward")
+    shape = "tokens=4096 dim=1024 vocab=50257 dist=zipf idx=int64"
+    assert [ln.split()[0] for ln in profile.dominant_kernel_line("embedding", "forward", shape=shape).splitlines()] \
+        == ["v1", "v2", "v3", "v4", "torch"]                             # v9 was profiled at shape "s" only
