@@ -118,11 +118,12 @@ def time_cuda(fn: Callable[[], object], *, graph: bool = False, flush: bool = Tr
     The events time the GPU's work alone: before each repetition the GPU gets a head start (a busy kernel,
     torch.cuda._sleep) long enough that the host has enqueued the start event, the call and the end event before the
     GPU gets past it; the host's part is measured in the same repetition, while the GPU sleeps. A call that waits for
-    the GPU (waits_for_the_gpu) is timed from an idle GPU instead, host and GPU in series (_time_synchronizing). The head start is
-    twice the host's time for one whole repetition (the sleep's launch, two event records, the call), at least
-    HEAD_START_MIN_US; head_start_us overrides it (.ci/timing_probe.py sweeps it). Sized by the call's host time
-    alone (b08ab4a) it was too short: on the H100 a 1.1 us add timed 11-16 us; with 0/10/20 us of head start it read
-    26/24/21 us, with 40 us and above 3.5-4.2 us (the events then timed the harness's own Python, not the add)."""
+    the GPU (waits_for_the_gpu) is timed from an idle GPU instead, host and GPU in series (_time_synchronizing).
+    The head start is twice the host's time for one whole repetition (the sleep's launch, two event records, the
+    call), at least HEAD_START_MIN_US; head_start_us overrides it (.ci/timing_probe.py sweeps it). Sized by the
+    call's host time alone (b08ab4a) it was too short: on the H100 a 1.1 us add timed 11-16 us; with 0/10/20 us of
+    head start it read 26/24/21 us, with 40 us and above 3.5-4.2 us (the events then timed the harness's own Python,
+    not the add)."""
     torch.cuda.synchronize()
     for _ in range(warmup):                      # module load, lazy init, allocator warm-up, autotuning
         fn()
