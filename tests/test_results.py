@@ -175,3 +175,23 @@ def test_status_marks_a_percentage_above_its_ceiling_and_says_why(tmp_path):
     results.append(rows, tmp_path / results.TABLE)
     text = report.readme_status(tmp_path)
     assert "95.0% of copy |" in text and "†" not in text
+
+
+def test_merging_a_gpu_runs_tables_appends_new_rows_stamped_with_the_commit_sent(tmp_path):
+    """.ci/merge_results.py: the lent machine's copy of a table holds the old rows and this run's; only this run's are
+    appended, stamped with the sha sent (the lent copy's stale .git stamped them "b9efbe748a+dirty")."""
+    import importlib.util
+    import pathlib
+    spec = importlib.util.spec_from_file_location(
+        "merge_results", pathlib.Path(__file__).resolve().parent.parent / ".ci" / "merge_results.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    old = dict(_timing(H100, "v1", 8, 1.0), commit="abc1234")
+    new = dict(_timing(H100, "v2", 8, 2.0), commit="b9efbe748a+dirty")
+    dst, src = tmp_path / "dst.csv", tmp_path / "src.csv"
+    results.append([old], dst)
+    results.append([old, new], src)
+    assert m.merge_table(src, dst, "d465051abcdef", dry=False) == (1, 2)
+    rows = results.read(dst)
+    assert [(r["version"], r["commit"]) for r in rows] == [("v1", "abc1234"), ("v2", "d465051")]
+    assert m.merge_table(src, dst, "d465051abcdef", dry=False) == (0, 2)      # a second merge adds nothing
