@@ -136,3 +136,20 @@ def test_lines_of_code_are_read_from_the_sources(tmp_path):
         lines = K.triton_lines(fam)
         assert kernels and all(lines[k] > 5 for k in kernels), (fam, lines)
     assert K.cuda_lines("basics", "vector_add.cu", "add_v2") > 3
+
+
+def test_triton_is_set_against_the_fastest_rung_of_its_own_precision_and_mode():
+    from lab.studies import kernel_lines as K
+
+    def row(v, us, lo, hi, prec="float32", mode="events"):
+        return {"op": "linear", "version": v, "shape": "M=8", "dtype": "float32", "precision": prec, "mode": mode,
+                "median_us": us, "p20_us": lo, "p80_us": hi}
+    rows = [row("triton", 10.0, 9.0, 11.0), row("v8", 20.0, 19.0, 21.0), row("v9", 15.0, 14.0, 16.0),
+            row("torch", 5.0, 4.0, 6.0),                                    # a baseline: never the rung
+            row("triton.tf32", 3.0, 2.9, 3.1, prec="tf32"), row("v10", 3.05, 2.95, 3.2, prec="tf32"),
+            row("triton", 9.0, 8.0, 10.0, mode="graph")]                   # no rung timed in graph mode
+    lines = K.triton_against_rungs(rows).splitlines()
+    assert "best rung v9" in lines[0] and lines[0].endswith("Triton is FASTER") and "0.67x" in lines[0]
+    assert "best rung v10" in lines[1] and lines[1].endswith("level (p20..p80 ranges overlap)")
+    assert lines[2] == "linear triton M=8: no CUDA rung of this precision timed beside it"
+    assert "nothing to compare" in K.triton_against_rungs([row("v8", 1.0, 1.0, 1.0)], "cpu")

@@ -94,3 +94,28 @@ def cuda_lines(family: str, unit: str, kernel: str | None = None, root: Path | N
     """Code lines of cuda_src/<family>/<unit> (a .cu or .cuh), or of one __global__ function in it."""
     src = ((root or env.CUDA_SRC) / family / unit).read_text()
     return c_code_lines(_function_text(src, kernel) if kernel else src)
+
+
+def triton_against_rungs(rows: list[dict], device: str = "") -> str:
+    """At each shape: every Triton row against the fastest of our CUDA rungs (vN) of the same op, shape, dtype,
+    precision and timing mode, from bench rows. Faster or slower where their p20..p80 ranges do not overlap, level
+    where they do; one line per Triton row (the notebooks print it: issue 17 asks them to say where Triton is faster,
+    from the rows, not in typed prose)."""
+    tri_rows = [r for r in rows if r["version"].startswith("triton")]
+    lines = []
+    for t in tri_rows:
+        same = [r for r in rows if re.fullmatch(r"v\d+", r["version"])
+                and all(r[k] == t[k] for k in ("op", "shape", "dtype", "precision", "mode"))]
+        if not same:
+            lines.append(f"{t['op']} {t['version']} {t['shape']}: no CUDA rung of this precision timed beside it")
+            continue
+        best = min(same, key=lambda r: r["median_us"])
+        verdict = ("Triton is FASTER" if t["p80_us"] < best["p20_us"] else
+                   "Triton is slower" if t["p20_us"] > best["p80_us"] else "level (p20..p80 ranges overlap)")
+        ratio = t["median_us"] / best["median_us"]
+        lines.append(f"{t['op']} {t['precision']:<8} {t['shape']:<40} {t['version']:<11} {t['median_us']:9.1f} us | "
+                     f"best rung {best['version']:<3} {best['median_us']:9.1f} us | Triton takes {ratio:.2f}x its "
+                     f"time: {verdict}")
+    if not tri_rows:
+        lines.append(f"no triton rows on this machine ({device}): nothing to compare (the cells above say why)")
+    return "\n".join(lines)
