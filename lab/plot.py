@@ -197,20 +197,8 @@ def profile_rows(family: str, op: str, device_name: str | None = None, dtype: st
                  shape: str | None = None) -> list[dict]:
     """The profiles.csv rows one profile figure draws: one device (default: the newest row's), one dtype and one
     shape (default: the newest row's of those), and per version only its newest profiled run."""
-    rows = profile.read_profiles(family=family, op=op)
-    if not rows:
-        return []
-    newest = lambda rs: max(rs, key=lambda r: r["timestamp"] or "")   # noqa: E731
-    for col, want in (("device_name", device_name), ("dtype", dtype), ("shape", shape)):
-        if want is None and rows:
-            want = newest(rows)[col]
-        rows = [r for r in rows if r[col] == want]
-    last: dict[str, tuple] = {}
-    for r in rows:
-        k = (r["timestamp"] or "", r["run_id"] or "")
-        if k >= last.get(r["version"], ("", "")):
-            last[r["version"]] = k
-    return [r for r in rows if (r["timestamp"] or "", r["run_id"] or "") == last[r["version"]]]
+    runs = profile.newest_runs(profile.read_profiles(family=family, op=op), device_name, dtype, shape)
+    return [r for rs in runs.values() for r in rs]
 
 
 def plot_profile(family, op, device_name: str | None = None, dtype: str | None = None, shape: str | None = None,

@@ -670,12 +670,12 @@ def dominant_kernel_line(family: str, op: str, device_name: str | None = None, d
                          shape: str | None = None) -> str:
     """Per version (newest ncu run of each), the kernel that takes most of its time and what bounds it, one line
     each, from results/<device>/ncu.csv; where a version has no ncu rows, from profiles.csv (time share only, bound
-    not measured). shape: a shape label ("n=1048576"), so that a version profiled at another shape before does not
-    answer for this one. Says so when neither table has rows for the op."""
-    where = {"family": family, "op": op, **({"device_name": device_name} if device_name else {}),
-             **({"dtype": dtype} if dtype else {}), **({"shape": shape} if shape else {})}
+    not measured). One device, dtype and shape (case_of over both tables: as given, else the newest row's), so a
+    version profiled at another shape before does not answer for this one. Says so when neither table has rows."""
+    ncu_all, prof_all = read_ncu(family=family, op=op), read_profiles(family=family, op=op)
+    case = case_of(ncu_all + prof_all, device_name, dtype, shape)     # one case for both tables
     lines = []
-    ncu_rows = _newest_run_per_version(read_ncu(**where))
+    ncu_rows = newest_runs(ncu_all, *case)
     for version, rs in ncu_rows.items():
         total = sum(r["duration_us"] or 0.0 for r in rs)
         top = max(rs, key=lambda r: r["duration_us"] or 0.0)
@@ -684,7 +684,7 @@ def dominant_kernel_line(family: str, op: str, device_name: str | None = None, d
                      f"({share:3.0f}% of {total:.2f} us)  DRAM {top.get('dram_pct') or 0:4.0f}%  SM "
                      f"{top.get('sm_pct') or 0:4.0f}%  TC {top.get('tensor_pct') or 0:4.0f}%  -> "
                      f"{kernel_bound(top)}-bound (ncu {top['commit']})")
-    for version, rs in _newest_run_per_version(read_profiles(**where)).items():
+    for version, rs in newest_runs(prof_all, *case).items():
         if version in ncu_rows:
             continue
         total = sum(r["us_per_call"] or 0.0 for r in rs)
@@ -699,17 +699,37 @@ def dominant_kernel_line(family: str, op: str, device_name: str | None = None, d
     return "\n".join(lines)
 
 
-def _newest_run_per_version(rows: list[dict]) -> dict[str, list[dict]]:
-    newest: dict[str, str] = {}
+def _newest(rows: list[dict]) -> dict:
+    return max(rows, key=lambda r: (r.get("timestamp") or "", r.get("run_id") or ""))
+
+
+def case_of(rows: list[dict], device_name: str | None = None, dtype: str | None = None,
+            shape: str | None = None) -> tuple[str | None, str | None, str | None]:
+    """The (device name, dtype, shape) a figure or a line reads: each as given, else the newest row's among those
+    that match what is already fixed."""
+    want = {"device_name": device_name, "dtype": dtype, "shape": shape}
+    for col in want:
+        if want[col] is None and rows:
+            want[col] = _newest(rows)[col]
+        rows = [r for r in rows if r[col] == want[col]]
+    return want["device_name"], want["dtype"], want["shape"]
+
+
+def newest_runs(rows: list[dict], device_name: str | None = None, dtype: str | None = None,
+                shape: str | None = None) -> dict[str, list[dict]]:
+    """Rows of one case (case_of: one device, dtype and shape), then per version the rows of its newest run only (by
+    timestamp, then run id): a figure's bar or a table's line is one run, never two mixed. {version: rows}."""
+    dev, dt, sh = case_of(rows, device_name, dtype, shape)
+    rows = [r for r in rows if (r["device_name"], r["dtype"], r["shape"]) == (dev, dt, sh)]
+    last: dict[str, tuple] = {}
     for r in rows:
-        v = r.get("version") or "?"
-        if (r.get("run_id") or "") > newest.get(v, ""):
-            newest[v] = r.get("run_id") or ""
+        k = (r.get("timestamp") or "", r.get("run_id") or "")
+        if k >= last.get(r["version"], ("", "")):
+            last[r["version"]] = k
     out: dict[str, list[dict]] = {}
     for r in rows:
-        v = r.get("version") or "?"
-        if (r.get("run_id") or "") == newest[v]:
-            out.setdefault(v, []).append(r)
+        if (r.get("timestamp") or "", r.get("run_id") or "") == last[r["version"]]:
+            out.setdefault(r["version"], []).append(r)
     return out
 
 
@@ -778,16 +798,10 @@ def measured_calls(family: str, op: str, device_name: str | None = None, dtype: 
     rows = read_ncu(family=family, op=op)
     if not rows:
         return []
-    newest = lambda rs: max(rs, key=lambda r: (r.get("timestamp") or "", r.get("run_id") or ""))   # noqa: E731
-    device_name = device_name or newest(rows)["device_name"]
-    rows = [r for r in rows if r["device_name"] == device_name]
-    if rows and not dtype:
-        dtype = newest(rows)["dtype"]
-    rows = [r for r in rows if r["dtype"] == dtype]
     out = []
-    for version, rs in _newest_run_per_version(rows).items():
-        shape = newest(rs)["shape"]          # (one run, one shape; should a run hold more, its newest row's)
-        rs = sorted((r for r in rs if r["shape"] == shape), key=lambda r: r.get("launch") or 0)
+    for version, rs in newest_runs(rows, device_name, dtype).items():
+        shape, dtype = rs[0]["shape"], rs[0]["dtype"]
+        rs = sorted(rs, key=lambda r: r.get("launch") or 0)
         parts = [(r.get("dram_gbps"), r.get("duration_us")) for r in rs]
         measured = (sum(g * 1e9 * t * 1e-6 for g, t in parts)
                     if all(g is not None and t is not None for g, t in parts) else None)

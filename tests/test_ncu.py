@@ -212,13 +212,15 @@ def test_the_dominant_kernel_and_its_bound_are_read_from_recorded_rows(tmp_path,
     assert profile.kernel_bound({"dram_pct": 20.0, "sm_pct": 70.0, "tensor_pct": 90.0}) == "compute"
     assert profile.kernel_bound({"dram_pct": None, "sm_pct": 12.0}) == "latency"
     # a version with kernel times but no ncu rows: its time share, and the bound said to be unmeasured
-    profile.record([{"family": "embedding", "op": "forward", "version": "v9", "role": "ours", "shape": "s",
-                     "dtype": "float32", "precision": "float32", "mode": "eager", "device": "cuda",
-                     "device_name": "NVIDIA H100 80GB HBM3", "kernel": "void gather_v9(float*)", "category": "ours",
-                     "us_per_call": 7.5, "calls_per_call": 1, "reps": 3, "commit": "abc", "run_id": "r"}])
-    v9 = profile.dominant_kernel_line("embedding", "forward").splitlines()[-1]
-    assert v9.startswith("v9") and "bound not measured" in v9 and "100% of 7.50 us" in v9
-    assert "no recorded profile rows" in profile.dominant_kernel_line("embedding", "backward")
     shape = "tokens=4096 dim=1024 vocab=50257 dist=zipf idx=int64"
-    assert [ln.split()[0] for ln in profile.dominant_kernel_line("embedding", "forward", shape=shape).splitlines()] \
-        == ["v1", "v2", "v3", "v4", "torch"]                             # v9 was profiled at shape "s" only
+    key = {"family": "embedding", "op": "forward", "role": "ours", "dtype": "float32", "precision": "float32",
+           "mode": "eager", "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "category": "ours",
+           "calls_per_call": 1, "reps": 3, "commit": "abc", "run_id": "r", "timestamp": "2026-01-01T00:00:00"}
+    profile.record([{**key, "version": "v9", "shape": shape, "kernel": "void gather_v9(float*)", "us_per_call": 7.5},
+                    {**key, "version": "v8", "shape": "tokens=7", "kernel": "void gather_v8(float*)",
+                     "us_per_call": 1.0}])
+    lines = profile.dominant_kernel_line("embedding", "forward").splitlines()
+    assert [ln.split()[0] for ln in lines] == ["v1", "v2", "v3", "v4", "torch", "v9"]   # v8: another shape
+    assert "bound not measured" in lines[-1] and "100% of 7.50 us" in lines[-1]
+    assert "no recorded profile rows" in profile.dominant_kernel_line("embedding", "backward")
+    assert profile.dominant_kernel_line("embedding", "forward", shape="tokens=7").split()[0] == "v8"
