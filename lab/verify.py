@@ -9,8 +9,7 @@ The rules (the same for every family):
   (`Version.precision = "tf32"`) and is held to the TF32 row;
 - every check draws fresh random inputs for several seeds (never zeros);
 - outputs are poisoned (NaN, or a sentinel for integers) before the kernel runs, so an element it never wrote fails
-  (a version without out=, e.g. autograd's, gets its first run's freed output blocks refilled with poison first,
-  and runs with torch.empty NaN-filled);
+  (a version without out=, e.g. autograd's, runs with every torch.empty NaN-filled);
 - NaN or Inf where the reference is finite always fails;
 - a failure report lists the worst elements as (index, got, expected).
 """
@@ -173,28 +172,14 @@ class CheckResult:
         return "\n".join([self.line()] + rows)
 
 
-def _poison_freed(outputs) -> None:
-    """For a version that allocates its own outputs (autograd, or no out= argument): its first run's outputs hold the
-    right answer and go back to the caching allocator when dropped, where the next run's torch.empty would find them.
-    Refill those blocks with poison first: allocating the same sizes right after the free hands back the same blocks
-    (the allocator takes the best-fitting free block), and they are freed again, NaN-filled, just before the run."""
-    try:
-        shapes = [(t.shape, t.dtype, t.device) for t in _flat(outputs)]
-    except TypeError:  # outputs that are not tensors: nothing to poison
-        return
-    del outputs
-    fill = [torch.full(s, math.nan if d.is_floating_point else INT_SENTINEL, dtype=d, device=dev)
-            for s, d, dev in shapes]
-    del fill
-
-
 @contextlib.contextmanager
 def _empty_is_poisoned():
     """Every torch.empty in the block comes back NaN-filled (integers: their max), on the CPU as on the GPU: PyTorch's
     fill_uninitialized_memory, which acts only in deterministic mode (warn_only: no op refuses to run; the warnings
-    that mode gives for nondeterministic ops are not ours to show). The freed-block refill above covers the GPU's
-    caching allocator; the CPU's malloc gives no such promise (seen on the H100 host: a freed 16 KB block came back
-    holding other data), so this is what makes an unwritten element fail there."""
+    that mode gives for nondeterministic ops are not ours to show). For a version that allocates its own outputs
+    (autograd, no out=): an element it never writes is NaN. (Refilling the freed blocks of a first run, as before,
+    relied on the caching allocator handing them back: the CPU's malloc made no such promise — on the H100 host a
+    freed 16 KB block came back holding other data.)"""
     was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     fill = torch.utils.deterministic.fill_uninitialized_memory
     with warnings.catch_warnings():
@@ -209,12 +194,11 @@ def _empty_is_poisoned():
 
 
 def run_version(v: Version, inputs: tuple, poison: bool = True):
-    """Run a version; for kernels, into poisoned outputs (with out=), or after poisoning the memory its outputs would be
-    allocated from (without). Returns (outputs, problem-or-'')."""
+    """Run a version; for kernels, into poisoned outputs (with out=), or with every torch.empty NaN-filled (without).
+    Returns (outputs, problem-or-'')."""
     if not poison or v.inplace or (v.baseline and not v.takes_out):   # a baseline that takes out= (Triton's) is
         return v.fn(*inputs), ""                                       # poisoned like a kernel
     if not v.takes_out:
-        _poison_freed(v.fn(*inputs))
         with _empty_is_poisoned():
             return v.fn(*inputs), ""
     probe = v.fn(*inputs)                # learn the output structure
