@@ -315,6 +315,8 @@ def main(argv=None) -> int:
     sp.add_argument("families", nargs="*")
     sp.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
     sp.add_argument("--no-bench", action="store_true")
+    sp.add_argument("--no-plot", action="store_true", help="record rows, draw no figures (`lab plot` draws them later, "
+                    "e.g. after merging a lent GPU's rows)")
     sp = sub.add_parser("watch", help="rebuild, check and time on every save (Ctrl-C stops)")
     sp.add_argument("family")
     sp.add_argument("--op", help="one op of the family (default: all)")

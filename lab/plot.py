@@ -496,9 +496,11 @@ def this_machine() -> list[str]:
     return ([env.device_name("cuda")] if env.has_gpu() else []) + names
 
 
-def plot_all(device_name: str | None = None, devices: list[str] | None = None, progress: bool = False) -> list[Path]:
-    """Every family's figures from the rows of `device_name`, or of each of `devices` (default: this machine's
-    devices that have rows), each into results/<device>/plots/ — never another machine's folder unless named."""
+def plot_all(device_name: str | None = None, devices: list[str] | None = None, progress: bool = False,
+             families: list[str] | None = None) -> list[Path]:
+    """Every family's figures (or those of `families`) from the rows of `device_name`, or of each of `devices`
+    (default: this machine's devices that have rows), each into results/<device>/plots/ — never another machine's
+    folder unless named."""
     if device_name:
         devices = [device_name]
     elif devices is None:
@@ -507,6 +509,8 @@ def plot_all(device_name: str | None = None, devices: list[str] | None = None, p
     out = []
     for dev in devices:
         for fam in registry.families():
+            if families is not None and fam.name not in families:
+                continue
             if progress:
                 print(f"[lab] plotting {fam.name} ({dev}) ...", flush=True)
             out += plot_family(fam, dev)
