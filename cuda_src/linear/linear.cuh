@@ -73,6 +73,7 @@
 //   (the binding passes at::BFloat16*, the same 16-bit layout); M, N, K > 0 (the binding handles the empty cases).
 #pragma once
 #include "lab_cuda.cuh"
+#include "lab_gemm.cuh"
 
 #include <cstdint>
 
@@ -85,18 +86,8 @@ namespace linear {
 // ---------------------------------------------------------------------------------------------------------------
 inline bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
-// Tile t of a 1-D grid -> (tile row, tile column), grouped 8 tile-rows at a time: the blocks resident together
-// cover 8 row-tiles of x and a band of W, so both stay in L2 (Triton's "grouped ordering").
-struct Tile { int m, n; };
-__device__ __forceinline__ Tile tile_of(int t, int tiles_m, int tiles_n) {
-  constexpr int G = 8;
-  const int per_group = G * tiles_n;
-  const int group = t / per_group;
-  const int first = group * G;
-  const int rows = min(tiles_m - first, G);
-  const int r = t - group * per_group;
-  return {first + r % rows, r / rows};
-}
+using lab::Tile;
+using lab::tile_of;
 
 inline int64_t tiles(int M, int N, int bm, int bn) { return lab::ceil_div(M, bm) * lab::ceil_div(N, bn); }
 constexpr int64_t kMaxGrid = 2147483647;
@@ -139,43 +130,13 @@ inline int device_major() {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// PTX wrappers: shared-memory addresses, cp.async, ldmatrix, mma.sync (sm_80+); mbarrier, TMA, wgmma (sm_90a).
-// (ldmatrix and mma.sync: tc.cuh; mbarrier, TMA and wgmma: wgmma.cuh.)
+// PTX wrappers: shared-memory addresses, cp.async and ldmatrix (sm_80+) and the tile order live in
+// cuda_src/lab_gemm.cuh (shared with sparse24); mma.sync: tc.cuh; mbarrier, TMA and wgmma (sm_90a): wgmma.cuh.
 // ---------------------------------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define LAB_SM80 1
-#endif
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define LAB_SM90A 1
-#endif
-
-// 16-byte async copy global -> shared; bytes < 16 zero-fills the rest (0: all zeros, nothing read).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
-#ifdef LAB_SM80
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-#endif
-}
-// 4-byte async copy (cp.async.ca: the only variant for sizes 4 and 8); bytes = 0 writes a zero.
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int bytes) {
-#ifdef LAB_SM80
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#ifdef LAB_SM80
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#ifdef LAB_SM80
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
+using lab::cp_async16;
+using lab::cp_async4;
+using lab::cp_async_commit;
+using lab::cp_async_wait;
+using lab::smem_u32;
 
 }  // namespace linear

@@ -45,14 +45,7 @@ inline bool vec2_out(const bf16* y, const bf16* b, int N) {
   return N % 2 == 0 && aligned(y, 4) && (!b || aligned(b, 4));
 }
 
-// Four 8x8 matrices of 16-bit elements (8 rows of 16 B each); lanes 8i..8i+7 give the row addresses of matrix i.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-#ifdef LAB_SM80
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-#endif
-}
+using lab::ldmatrix_x4;
 
 __device__ __forceinline__ uint32_t round_tf32(uint32_t f) {
   uint32_t r = f;
