@@ -1,0 +1,182 @@
+"""2:4 sparsity: pruning keeps the 2 largest magnitudes of every group; the compressed format round-trips exactly and
+matches an independent Python encoding nibble for nibble; every version of y = x·Wᵀ + b matches F.linear with the
+pruned weight in float64 (odd sizes, several seeds, poisoned outputs); a weight that is not 2:4, or bad input, is a
+clear error naming it."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lab import registry, verify
+from lab.kernels import sparse24 as S
+from lab.kernels._common import randn
+
+from conftest import devices, needs_gpu
+
+FAM = registry.get("sparse24")
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _rand(shape, dtype, device, seed, scale=1.0):
+    return randn(shape, dtype, device, torch.Generator().manual_seed(seed), scale=scale)
+
+
+def _versions(device):
+    return ["cpu"] if device == "cpu" else ["v1", "v2"]
+
+
+def _encode_python(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The format written out element by element in Python (sparse24.cuh's rules), to hold compress to."""
+    n, k = w.shape
+    kp = S.padded_k(k)
+    wf = w.float().cpu()
+    values = torch.zeros(n, kp // 2, dtype=torch.float32)
+    meta = torch.zeros(n, kp // 32, dtype=torch.int64)
+    for r in range(n):
+        for g in range(kp // 4):
+            v = [float(wf[r, 4 * g + i]) if 4 * g + i < k else 0.0 for i in range(4)]
+            nz = [i for i in range(4) if v[i] != 0.0]
+            assert len(nz) <= 2
+            if len(nz) == 2:
+                i0, i1 = nz
+            elif len(nz) == 1:
+                i0, i1 = (2, 3) if nz[0] == 3 else (nz[0], nz[0] + 1)
+            else:
+                i0, i1 = 0, 1
+            values[r, 2 * g], values[r, 2 * g + 1] = v[i0], v[i1]
+            meta[r, g // 8] |= (i0 | (i1 << 2)) << (4 * (g % 8))
+    meta = torch.where(meta >= 2 ** 31, meta - 2 ** 32, meta).to(torch.int32)
+    return values.to(w.dtype), meta
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("op", [o.name for o in FAM.ops])
+def test_every_version_matches_reference(op, device):
+    verify.assert_op_passes(FAM.op(op), device)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_larger_shapes(device):
+    op = FAM.op("linear")
+    shapes = S.CHECK_LARGE if device == "cuda" else S.CHECK_LARGE[:2]
+    verify.assert_op_passes(op, device, shapes=shapes, seeds=(5,))
+
+
+def test_prune_keeps_the_two_largest_magnitudes():
+    w = _rand((9, 23), torch.float32, "cpu", 0)
+    w[0, :4] = torch.tensor([1.0, -3.0, 3.0, 0.5])       # a tie in magnitude: the lower column wins
+    p = S.prune(w)
+    assert p.shape == w.shape and S.is_24(p)
+    for r in range(w.shape[0]):
+        for g in range(0, 23, 4):
+            grp, kept = w[r, g:g + 4], p[r, g:g + 4]
+            want = sorted(range(len(grp)), key=lambda i: (-abs(float(grp[i])), i))[:2]
+            for i in range(len(grp)):
+                assert float(kept[i]) == (float(grp[i]) if i in want else 0.0), (r, g, i)
+    assert p[0, :4].tolist() == [0.0, -3.0, 3.0, 0.0]
+    with pytest.raises(ValueError, match="2-D"):
+        S.prune(torch.ones(4))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compress_matches_python_encoding_and_round_trips(dtype, device):
+    # groups with 0, 1 (at every position) and 2 nonzeros, K not a multiple of 4 or 32
+    w = S.prune(_rand((13, 71), torch.float32, "cpu", 1))
+    w[0, :4] = 0
+    for i in range(4):
+        w[1, 4 * i:4 * i + 4] = 0
+        w[1, 4 * i + i] = 1.5
+    w[2, 68:] = 0
+    w = w.to(dtype).to(device)
+    packed = S.compress(w)
+    values, meta = _encode_python(w)
+    assert torch.equal(packed.meta.cpu(), meta)
+    assert torch.equal(packed.values.cpu(), values)
+    assert torch.equal(packed.to_dense(), w)
+    # every nibble is one of the six valid ones (never 0b0000, 0b0101, 0b1010, 0b1111)
+    nib = (packed.meta.cpu().unsqueeze(-1) >> torch.arange(0, 32, 4, dtype=torch.int32)) & 0xF
+    assert not torch.isin(nib, torch.tensor([0, 5, 10, 15], dtype=torch.int32)).any()
+
+
+@pytest.mark.parametrize("device", devices())
+def test_weight_that_is_not_24_is_refused_with_where(device):
+    w = S.prune(_rand((6, 40), torch.float32, "cpu", 2))
+    w[4, 9] = w[4, 10] = w[4, 11] = 1.0                   # group 2 of row 4 (columns 8..11): 3 nonzeros
+    w[5, 0:4] = 1.0                                       # a later bad group: the first one is named
+    with pytest.raises(ValueError, match=r"not 2:4 sparse: row 4, columns 8\.\.11"):
+        S.compress(w.bfloat16().to(device))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_bad_input_is_named(device):
+    w = S.prune(_rand((8, 64), torch.float32, "cpu", 3)).bfloat16().to(device)
+    packed = S.compress(w)
+    x = _rand((2, 64), torch.bfloat16, device, 4)
+    v = _versions(device)[0]
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., in_features\) with in_features = 64"):
+        S.linear(_rand((2, 63), torch.bfloat16, device, 4), packed, version=v)
+    with pytest.raises(TypeError, match="x"):
+        S.linear(x.float(), packed, version=v)
+    with pytest.raises(TypeError, match="values"):
+        S.linear(x.half(), packed, version=v)             # x fp16, weight bf16
+    with pytest.raises(ValueError, match=r"bias must have shape \(out_features,\)"):
+        S.linear(x, packed, torch.zeros(7, dtype=torch.bfloat16, device=device), version=v)
+    bad_meta = S.Sparse24Weight(packed.values, packed.meta.long(), 64)
+    with pytest.raises(TypeError, match="meta"):
+        S.linear(x, bad_meta, version=v)
+    short = S.Sparse24Weight(packed.values[:, :16].contiguous(), packed.meta, 64)
+    with pytest.raises(ValueError, match="values must have shape"):
+        S.linear(x, short, version=v)
+    with pytest.raises(TypeError, match="Sparse24Weight"):
+        S.linear(x, w, version=v)
+    with pytest.raises(ValueError, match="version"):
+        S.linear(x, packed, version="v9" if device == "cuda" else "v1")
+    with pytest.raises(ValueError, match="weight must be 2-D"):
+        S.compress(w[0])
+    xg = x.clone().requires_grad_()
+    with pytest.raises(ValueError, match="grad"):
+        S.linear(xg, packed, version=v)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_leading_dims_empty_and_k_zero(dtype, device):
+    w = S.prune(_rand((5, 33), torch.float32, "cpu", 6)).to(dtype).to(device)
+    packed, b = S.compress(w), _rand((5,), dtype, device, 7)
+    x = _rand((2, 3, 33), dtype, device, 8)
+    for v in _versions(device):
+        got = S.linear(x, packed, b, version=v)
+        verify.assert_close(got, F.linear(x.double(), w.double(), b.double()), dtype, what=f"{v} (2, 3, K)")
+        assert S.linear(x[:0], packed, b, version=v).shape == (0, 3, 5)
+    w0 = torch.zeros(5, 0, dtype=dtype, device=device)
+    p0 = S.compress(w0)
+    for v in _versions(device):
+        assert torch.equal(S.linear(torch.zeros(2, 0, dtype=dtype, device=device), p0, b, version=v),
+                           b.expand(2, 5))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_nan_in_x_reaches_only_its_row(device):
+    # a NaN in row 1 of x: row 1 of y is NaN wherever W reads that column, the other rows stay finite
+    w = S.prune(_rand((16, 64), torch.float32, "cpu", 9)).bfloat16().to(device)
+    packed = S.compress(w)
+    x = _rand((3, 64), torch.bfloat16, device, 10)
+    x[1, 5] = float("nan")
+    for v in _versions(device):
+        y = S.linear(x, packed, version=v).float().cpu()
+        reads = (w[:, 5] != 0).cpu()
+        assert torch.isnan(y[1, reads]).all() and torch.isfinite(y[1, ~reads]).all(), v
+        assert torch.isfinite(y[[0, 2]]).all(), v
+
+
+@needs_gpu
+def test_versions_agree_with_cusparselt_where_torch_makes_one():
+    w = S.prune(_rand((256, 512), torch.float32, "cpu", 11)).bfloat16().cuda()
+    packed = S.compress(w, make_semi=True)
+    if packed.semi is None:
+        pytest.skip(f"torch made no semi-structured tensor here: {packed.semi_error}")
+    x = _rand((64, 512), torch.bfloat16, "cuda", 12)
+    ref = F.linear(x.double(), w.double())
+    verify.assert_close(S.linear_cusparselt(x, w, packed), ref, torch.bfloat16, what="cusparselt")
+    for v in ("v1", "v2"):
+        verify.assert_close(S.linear(x, packed, version=v), ref, torch.bfloat16, what=v)
