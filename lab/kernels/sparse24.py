@@ -92,7 +92,7 @@ def prune(w: torch.Tensor) -> torch.Tensor:
     g = F.pad(w, (0, kq - k)).reshape(n, kq // 4, 4)                                   # (N, groups, 4)
     order = torch.argsort(-g.abs().float(), dim=-1, stable=True)[..., :2]              # the 2 largest, stable ties
     keep = torch.zeros_like(g, dtype=torch.bool).scatter_(-1, order, True)
-    return (g * keep).reshape(n, kq)[:, :k].contiguous()
+    return torch.where(keep, g, torch.zeros_like(g)).reshape(n, kq)[:, :k].contiguous()
 
 
 def is_24(w: torch.Tensor) -> bool:
