@@ -21,7 +21,7 @@ def _rand(shape, dtype, device, seed, scale=1.0):
 
 
 def _versions(device):
-    return ["cpu"] if device == "cpu" else ["v1", "v2"]
+    return ["cpu"] if device == "cpu" else ["v1", "v2", "v3"]
 
 
 def _encode_python(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +130,7 @@ def test_bad_input_is_named(device):
     with pytest.raises(TypeError, match="Sparse24Weight"):
         S.linear(x, w, version=v)
     with pytest.raises(ValueError, match="version"):
-        S.linear(x, packed, version="v9" if device == "cuda" else "v1")
+        S.linear(x, packed, version="v4" if device == "cuda" else "v1")
     with pytest.raises(ValueError, match="weight must be 2-D"):
         S.compress(w[0])
     xg = x.clone().requires_grad_()
@@ -178,5 +178,5 @@ def test_versions_agree_with_cusparselt_where_torch_makes_one():
     x = _rand((64, 512), torch.bfloat16, "cuda", 12)
     ref = F.linear(x.double(), w.double())
     verify.assert_close(S.linear_cusparselt(x, w, packed), ref, torch.bfloat16, what="cusparselt")
-    for v in ("v1", "v2"):
+    for v in ("v1", "v2", "v3"):
         verify.assert_close(S.linear(x, packed, version=v), ref, torch.bfloat16, what=v)

@@ -23,7 +23,9 @@
 //       memory (two LDS.128: conflict-free, no run-time register indexing). Memory-bound on the compressed weight.
 //   v2: tensor cores, mma.sp.sync m16n8k32 (A = the compressed W tile from shared memory by ldmatrix, B = x rows
 //       by ldmatrix, fp32 accumulators), a 128 (rows of W) x 128 (rows of x) block tile, 8 warps of 64 x 32, BK = 64,
-//       a 4-stage cp.async ring, the y tile staged in shared memory for 16-B stores. Compute-bound at large M.
+//       a 3-stage cp.async ring, the y tile staged in shared memory for 16-B stores. For large M.
+//   v3: v1 with two rows of W per warp in flight at once (at M <= 2; above, where the registers would spill, v1):
+//       twice the bytes in flight per warp at the same occupancy, for the GEMV's latency-bound stream.
 //
 // Napkin math (H100 SXM datasheet; the lab measures its own ceilings):
 //   bytes of W, 16-bit: dense 2·N·K; compressed N·K (values) + N·K/8 (metadata) = 0.5625x dense: a memory-bound
@@ -36,11 +38,11 @@
 //
 // Units (each its own build; see lab/build.py):
 //   compress.cu  prune-checked compression of a dense 2:4 weight into (values, meta), built once per dtype
-//   v1.cu        the SIMT GEMV/GEMM, built once per dtype
+//   gemv.cu      v1 and v3, one SIMT kernel template (rows of W per warp: 1 or 2), built once per dtype
 //   v2.cu        the mma.sp GEMM, built once per dtype
 // Launchers (exported to cpp_src/sparse24/sparse24.cpp, looked up by name there, "name@bf16" / "name@f16"):
 //   compress: cudaError_t (const T* w, T* values, int32_t* meta, int N, int K, unsigned long long* bad, stream)
-//   v1, v2:   cudaError_t (const T* x, const T* values, const int32_t* meta, const T* b, T* y, int M, int N, int K,
+//   v1..v3:   cudaError_t (const T* x, const T* values, const int32_t* meta, const T* b, T* y, int M, int N, int K,
 //                          cudaStream_t); M, N, K > 0 (the binding handles the empty cases)
 #pragma once
 #include "lab_cuda.cuh"

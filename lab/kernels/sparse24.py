@@ -1,6 +1,6 @@
 """nn.Linear with a 2:4-sparse weight: magnitude pruning, the lab's compressed format, and sparse GEMV/GEMM kernels.
 
-Sources: cuda_src/sparse24/ (sparse24.cuh: the format, the ladder and the napkin math; compress.cu; v1.cu; v2.cu),
+Sources: cuda_src/sparse24/ (sparse24.cuh: the format, the ladder and the napkin math; compress.cu; gemv.cu: v1, v3; v2.cu),
 cpp_src/sparse24/sparse24.cpp (binding, named checks), cpp_src/sparse24/cpu.cpp (the C++ CPU version).
 
     w24 = prune(linear.weight)          # (out_features, in_features): the 2 largest magnitudes of every 4 kept
@@ -8,9 +8,10 @@ cpp_src/sparse24/sparse24.cpp (binding, named checks), cpp_src/sparse24/cpu.cpp 
     y = linear(x, packed, bias)         # x: (..., in_features) bf16/fp16 -> (..., out_features)
 
 Versions: 'cpu' (C++), 'v1' (SIMT: one warp per weight row; the GEMV regime), 'v2' (mma.sp tensor cores; the GEMM
-regime); None picks by the number of rows of x (`fastest`). Baselines: `torch` = F.linear with the pruned weight
-stored dense (cuBLAS), `cusparselt` = F.linear with torch.sparse.to_sparse_semi_structured(pruned weight), which on
-an H100 (sm_90) is cuSPARSELt (torch's CUTLASS path takes sm_8x only). The accuracy cost of pruning a trained weight
+regime), 'v3' (v1 with two rows per warp in flight); None picks by the number of rows of x (`fastest`).
+Baselines: `torch` = F.linear with the pruned weight stored dense (cuBLAS), `cusparselt` = F.linear with
+torch.sparse.to_sparse_semi_structured(pruned weight), which on an H100 (sm_90) is cuSPARSELt (torch's CUTLASS path
+takes sm_8x only). The accuracy cost of pruning a trained weight
 is not measured here: the lab checks that the kernels compute x·Wᵀ + b for the pruned W, against float64.
 """
 from __future__ import annotations
@@ -26,12 +27,13 @@ from ..registry import Family, Op, Version, register, version_number
 from ._common import elem_size, randn
 
 FAMILY = "sparse24"
-GEMV_ROWS = 8    # up to this many rows of x the default is v1 (SIMT GEMV), above it v2 (tensor cores)
+GEMV_ROWS = 8    # up to this many rows of x the default is the SIMT GEMV (v3), above it v2 (tensor cores)
 
 IDEAS = {
     "v1": "SIMT: one warp per weight row, 16 B of kept values + 2 B of metadata per lane-step, all in flight; x in "
           "shared memory, the 2 x values of a group picked by its nibble",
     "v2": "tensor cores: mma.sp.sync m16n8k32 on 128x128 tiles, ldmatrix of kept values and x, 3-stage cp.async ring",
+    "v3": "v1 with two weight rows per warp in flight (at M <= 2): twice the bytes in flight, same occupancy",
 }
 CPU_IDEA = "C++: a dot product over the kept values of each row (half the multiplies), rows in parallel"
 
@@ -125,10 +127,11 @@ def compress(w: torch.Tensor, make_semi: bool = False) -> Sparse24Weight:
 
 # ---- wrappers -----------------------------------------------------------------------------------------------------
 def fastest(x: torch.Tensor) -> str:
-    """The version for this input: 'cpu' on the CPU; on CUDA v1 up to GEMV_ROWS rows of x, v2 above."""
+    """The version for this input: 'cpu' on the CPU; on CUDA the GEMV up to GEMV_ROWS rows of x (v3, which is v1 above
+    two rows), v2 above."""
     if not x.is_cuda:
         return "cpu"
-    return "v1" if math.prod(x.shape[:-1]) <= GEMV_ROWS else "v2"
+    return "v3" if math.prod(x.shape[:-1]) <= GEMV_ROWS else "v2"
 
 
 def linear(x: torch.Tensor, weight: Sparse24Weight, bias: torch.Tensor | None = None,
@@ -219,7 +222,7 @@ CHECK_LARGE = [_shape(*s) for s in [(1000, 777, 513), (1, 5893, 1280), (300, 102
 
 SQUARE = 4096
 FC_OUT = {"N": 5893, "K": 1280}   # the seq2seq decoder's output layer (cuSPARSELt refuses this shape: see the notebook)
-VERSIONS = [_version("cpu"), _version("v1"), _version("v2")]
+VERSIONS = [_version("cpu"), _version("v1"), _version("v2"), _version("v3")]
 OPS = [
     Op(FAMILY, "linear", _inputs_semi, linear_ref, VERSIONS + _baselines(semi=True), CHECK,
        [_shape(m, SQUARE, SQUARE) for m in (1, 8, 64, 512, 4096)], [_shape(m, 1024, 1024) for m in (1, 64)],
