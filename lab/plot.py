@@ -56,7 +56,7 @@ def _footer(fig, rows: list[dict], formula: str) -> None:
         text = (f"{r['device_name']} · torch {r['torch']} · CUDA {r['cuda']} · points from the runs of commits "
                 f"{', '.join(commits)}; newest {r['timestamp']}")
     if formula:
-        text = formula + "\n" + text
+        text = _wrap(formula) + "\n" + text   # a long formula folds rather than run off the figure
     fig.text(0.01, 0.01, text, fontsize=7, color="0.35", va="bottom")
 
 

@@ -1,17 +1,22 @@
 // sparse24/gemv.cu — v1 and v3: SIMT, warps over rows of W, for a few rows of x (the GEMV regime; the ladder and
-// the format: sparse24.cuh). One kernel template: v1 gives a warp one row at a time, v3 two rows at once. Per lane and step: 16 B of values (4 groups of 2 = 16 columns of W) and their 16 bits of metadata,
-// all of a row's steps (U) in flight before the first FMA; the x window of those 16 columns comes from shared memory
+// the format: sparse24.cuh). One kernel template: v1 gives a warp one row at a time, v3 two rows at once. Per lane
+// and step: 16 B of values (4 groups of 2 = 16 columns of W) and their 16 bits of metadata, all of a row's steps (U)
+// in flight before the first FMA; the x window of those 16 columns comes from shared memory
 // as two LDS.128 (a lane's window is 32 B, consecutive lanes consecutive windows: conflict-free), and each group's two
 // x values are picked by its nibble with selects, not a run-time index into registers (which would go to local
 // memory). Per step per row of x: 8 FMAs for 16 B + 2 B read: memory-bound on the compressed weight at M <= 8.
 // x (MR rows at a time, zero-padded to Kp) is staged once per block; for M > MR the block repeats over row blocks of x,
 // reading W again each time: beyond a few rows v2 (tensor cores) is the version to use.
 // v3 (ROWS = 2): a warp issues the loads of two rows (n and n + the grid's warp count) before the first FMA: twice
-// the bytes in flight per warp at the same occupancy. Why: ncu at 4096 x 4096 bf16, batch 1, put v1 at 1.4 TB/s of
-// DRAM with long-scoreboard stalls and 16 warps an SM (76 registers x 512 threads: one block), each warp walking ~2
-// rows one after the other; 256-thread blocks, 3 an SM (24 warps), measured slower (14.5 -> 15.7 us; at batch 8
-// 34.9 -> 47.4 us, MR = 8 spilling at the 80-register cap). v3 keeps v1's block and takes the rows two at a time:
-// ~110 registers, still one 512-thread block an SM, half the rounds.
+// the bytes per warp at once at the same occupancy. Why it was tried: Nsight Compute at 4096 x 4096 bf16, batch 1,
+// put v1 well under the copy rate with long-scoreboard stalls and 16 warps an SM (76 registers x 512 threads: one
+// block), each warp walking ~2 rows one after the other. 256-thread blocks, 3 an SM, measured slower at batch 1 and 8
+// (results.csv, v1 rows of 3a0213a against f1645d3; at batch 8 MR = 8 spilled at the 80-register cap), so v3 keeps
+// v1's block and takes the rows two at a time: 126 registers, one round instead of two. Predicted faster; measured
+// slower than v1 (the rows and ncu.csv of 2cabe21: a lower DRAM rate, more long-scoreboard stalls per issue). Our
+// reading: v1's warps drift apart, so while some reduce and store a row others have the next row's loads in flight;
+// v3 issues everything in one burst and then has nothing in flight while it computes. The next rung is a software
+// pipeline (the next row's loads issued before this row's FMAs), not a wider burst; the default stays v1.
 // lab:variants dtype=bf16,f16
 #include "sparse24.cuh"
 
@@ -141,7 +146,8 @@ cudaError_t launch_gemv(const T* x, const T* values, const int32_t* meta, const 
   cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
   if (e != cudaSuccess) return e;
   // one wave: every block resident at once (each stages x once per row block)
-  const int64_t blocks = std::min<int64_t>(lab::ceil_div(N, kThreads / 32), int64_t(std::max(per_sm, 1)) * lab::sm_count());
+  const int64_t blocks =
+      std::min<int64_t>(lab::ceil_div(N, kThreads / 32), int64_t(std::max(per_sm, 1)) * lab::sm_count());
   const bool vec_x = K % 8 == 0 && aligned16(x);
   kernel<<<unsigned(blocks), kThreads, smem, s>>>(x, values, reinterpret_cast<const uint16_t*>(meta), b, y, M, N, K,
                                                    Kp, vec_x);

@@ -25,7 +25,8 @@
 //       by ldmatrix, fp32 accumulators), a 128 (rows of W) x 128 (rows of x) block tile, 8 warps of 64 x 32, BK = 64,
 //       a 3-stage cp.async ring, the y tile staged in shared memory for 16-B stores. For large M.
 //   v3: v1 with two rows of W per warp in flight at once (at M <= 2; above, where the registers would spill, v1):
-//       twice the bytes in flight per warp at the same occupancy, for the GEMV's latency-bound stream.
+//       twice the bytes per warp at once at the same occupancy, for the GEMV's latency-bound stream. Measured
+//       slower than v1 on the H100 (gemv.cu says why we think so); kept as the rung that did not pay.
 //
 // Napkin math (H100 SXM datasheet; the lab measures its own ceilings):
 //   bytes of W, 16-bit: dense 2·N·K; compressed N·K (values) + N·K/8 (metadata) = 0.5625x dense: a memory-bound

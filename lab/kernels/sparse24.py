@@ -1,7 +1,7 @@
 """nn.Linear with a 2:4-sparse weight: magnitude pruning, the lab's compressed format, and sparse GEMV/GEMM kernels.
 
-Sources: cuda_src/sparse24/ (sparse24.cuh: the format, the ladder and the napkin math; compress.cu; gemv.cu: v1, v3; v2.cu),
-cpp_src/sparse24/sparse24.cpp (binding, named checks), cpp_src/sparse24/cpu.cpp (the C++ CPU version).
+Sources: cuda_src/sparse24/ (sparse24.cuh: the format, the ladder and the napkin math; compress.cu; gemv.cu: v1,
+v3; v2.cu), cpp_src/sparse24/sparse24.cpp (binding, named checks), cpp_src/sparse24/cpu.cpp (the C++ CPU version).
 
     w24 = prune(linear.weight)          # (out_features, in_features): the 2 largest magnitudes of every 4 kept
     packed = compress(w24)              # Sparse24Weight: values (N, Kp/2) + meta (N, Kp/32) int32, Kp = K up to 32
@@ -27,13 +27,13 @@ from ..registry import Family, Op, Version, register, version_number
 from ._common import elem_size, randn
 
 FAMILY = "sparse24"
-GEMV_ROWS = 8    # up to this many rows of x the default is the SIMT GEMV (v3), above it v2 (tensor cores)
+GEMV_ROWS = 8    # up to this many rows of x the default is the SIMT GEMV (v1), above it v2 (tensor cores)
 
 IDEAS = {
     "v1": "SIMT: one warp per weight row, 16 B of kept values + 2 B of metadata per lane-step, all in flight; x in "
           "shared memory, the 2 x values of a group picked by its nibble",
     "v2": "tensor cores: mma.sp.sync m16n8k32 on 128x128 tiles, ldmatrix of kept values and x, 3-stage cp.async ring",
-    "v3": "v1 with two weight rows per warp in flight (at M <= 2): twice the bytes in flight, same occupancy",
+    "v3": "v1 with two weight rows per warp in flight (at M <= 2): twice the bytes per warp at once (measured slower)",
 }
 CPU_IDEA = "C++: a dot product over the kept values of each row (half the multiplies), rows in parallel"
 
@@ -127,11 +127,11 @@ def compress(w: torch.Tensor, make_semi: bool = False) -> Sparse24Weight:
 
 # ---- wrappers -----------------------------------------------------------------------------------------------------
 def fastest(x: torch.Tensor) -> str:
-    """The version for this input: 'cpu' on the CPU; on CUDA the GEMV up to GEMV_ROWS rows of x (v3, which is v1 above
-    two rows), v2 above."""
+    """The version for this input: 'cpu' on the CPU; on CUDA the GEMV v1 up to GEMV_ROWS rows of x, v2 above. (v3, two
+    rows a warp, was the default for a run and measured slower than v1 at batch 1 on the H100: notebook 10.)"""
     if not x.is_cuda:
         return "cpu"
-    return "v3" if math.prod(x.shape[:-1]) <= GEMV_ROWS else "v2"
+    return "v1" if math.prod(x.shape[:-1]) <= GEMV_ROWS else "v2"
 
 
 def linear(x: torch.Tensor, weight: Sparse24Weight, bias: torch.Tensor | None = None,
@@ -210,8 +210,8 @@ def _shape(m: int, n: int, k: int, bias: int = 1) -> dict:
     return {"M": m, "N": n, "K": k, "bias": bias}
 
 
-FORMULA = ("TFLOP/s = 2·M·N·K / time (the dense layer's count: the sparse MMA skips half); bytes = (MK + MN + N + "
-           "N·Kp/2)·2 B + N·Kp/8 B: x, y, bias, the kept values and the metadata (Kp = K rounded up to 32)")
+# the dense layer's FLOP count (the sparse MMA skips half); bytes: x, y, bias, the kept values and the metadata
+FORMULA = "TFLOP/s = 2·M·N·K / time; bytes = (MK + MN + N + N·Kp/2)·2 + N·Kp/8 B (Kp = K up to a multiple of 32)"
 # Small and awkward: 1, primes, K not a multiple of 4 (a partial last group), of 8 (v2's scalar x loads), of 32 (a
 # padded metadata word) or of 64 (a half-empty last stage of v2); more than one 128 x 128 tile of v2 each way; no bias.
 CHECK = [_shape(*s) for s in [
