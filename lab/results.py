@@ -142,6 +142,18 @@ def latest(rows: list[dict]) -> list[dict]:
     return list(best.values())
 
 
+def family_rows(family: str, device_name: str | None = None) -> list[dict]:
+    """The newest rows (latest) of one family on one device: `device_name`, else the device of the newest CUDA row,
+    else of the newest row. What a notebook prints where it cannot measure (no GPU): the recorded GPU run."""
+    rows = latest(read(family=family))
+    if not rows:
+        return []
+    if not device_name:
+        pool = [r for r in rows if r.get("device") == "cuda"] or rows
+        device_name = max(pool, key=lambda r: r["timestamp"] or "")["device_name"]
+    return [r for r in rows if r["device_name"] == device_name]
+
+
 def latest_checks(rows: list[dict]) -> list[dict]:
     """Keep the newest check of each (family, op, version, dtype, shape, device) from checks.csv rows."""
     best: dict[tuple, dict] = {}

@@ -180,3 +180,26 @@ def test_versions_agree_with_cusparselt_where_torch_makes_one():
     verify.assert_close(S.linear_cusparselt(x, w, packed), ref, torch.bfloat16, what="cusparselt")
     for v in ("v1", "v2", "v3"):
         verify.assert_close(S.linear(x, packed, version=v), ref, torch.bfloat16, what=v)
+
+
+def test_goals_read_the_best_kernel_against_dense_in_the_same_mode():
+    from lab.studies import sparse24 as SS
+
+    def row(version, m, n, k, us, speedup, mode="events", op="linear"):
+        return {"op": op, "version": version, "dtype": "bfloat16", "mode": mode, "median_us": us,
+                "speedup": speedup, "shape": f"M={m} N={n} K={k} bias=1"}
+    sq = (4096, 4096, 4096)
+    rows = [row("torch", *sq, 180.0, 1.0), row("v1", *sq, 9000.0, 0.02), row("v2", *sq, 450.0, 0.4),
+            row("v1", 1, 4096, 4096, 14.0, 1.6), row("v3", 1, 4096, 4096, 16.0, 1.4),
+            row("v1", 1, 4096, 4096, 15.0, 1.45, mode="graph"),
+            row("v1", 1, 5893, 1280, 11.0, 1.3, op="fc_out")]
+    got = {(g["goal"].split(":")[0], g["mode"]): g for g in SS.goals(rows)}
+    big = got[("4096 x 4096 x 4096", "eager")]
+    assert big["version"] == "v2" and abs(big["margin"] - 0.4 / 1.5) < 1e-12 and not big["met"]
+    one = got[("batch 1, 4096 x 4096 weight", "eager")]
+    assert one["version"] == "v1" and one["met"] and abs(one["margin"] - 1.6 / 1.5) < 1e-12
+    assert not got[("batch 1, 4096 x 4096 weight", "graph")]["met"]     # graph is read against graph rows only
+    assert ("4096 x 4096 x 4096", "graph") not in got                  # no graph rows: no goal line
+    assert got[("batch 1, fc_out 1280 -> 5893", "eager")]["target"] is None
+    table = SS.against(rows, "linear")
+    assert "v2" in table and "2.50x" not in table and f"{180.0 / 450.0:13.2f}x" in table

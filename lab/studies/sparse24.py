@@ -17,16 +17,9 @@ GOAL_DTYPE = "bfloat16"
 
 
 def rows_for(rows: list[dict] | None = None, device_name: str | None = None) -> list[dict]:
-    """rows as given, or the newest sparse24 rows of `device_name` (default: the device of the newest CUDA row)."""
-    if rows is not None:
-        return rows
-    rows = results.latest(results.read(family=FAMILY))
-    if not rows:
-        return []
-    if not device_name:
-        pool = [r for r in rows if r.get("device") == "cuda"] or rows
-        device_name = max(pool, key=lambda r: r["timestamp"] or "")["device_name"]
-    return [r for r in rows if r["device_name"] == device_name]
+    """rows as given, or the newest sparse24 rows of `device_name` from the results table (default: the device of
+    the newest CUDA row, else of the newest row), op x version x shape x dtype x mode once each."""
+    return rows if rows is not None else results.family_rows(FAMILY, device_name)
 
 
 def _shape(label: str) -> dict:
