@@ -11,8 +11,8 @@ Versions: 'cpu' (C++), 'v1' (SIMT: one warp per weight row; the GEMV regime), 'v
 regime), 'v3' (v1 with two rows per warp in flight); None picks by the number of rows of x (`fastest`).
 Baselines: `torch` = F.linear with the pruned weight stored dense (cuBLAS), `cusparselt` = F.linear with
 torch.sparse.to_sparse_semi_structured(pruned weight), which on an H100 (sm_90) is cuSPARSELt (torch's CUTLASS path
-takes sm_8x only). The accuracy cost of pruning a trained weight
-is not measured here: the lab checks that the kernels compute x·Wᵀ + b for the pruned W, against float64.
+takes sm_8x only). The accuracy cost of pruning a trained weight is not measured here: the lab checks that the
+kernels compute x·Wᵀ + b for the pruned W, against float64.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ semi-structured F.linear goes (the family itself, the API, reference and Ops: la
     rows_for          the newest GPU's sparse24 rows in the results table (or rows handed in)
     goals, goals_table  each goal's value, target, status and margin, from the rows
     against           per shape: our best version against each baseline, in the same mode
-    call_vs_kernels   a baseline's whole call (timed as the benchmarks time it) against the device time of its kernels
+    call_vs_kernels   a call (timed as the benchmarks time it) against the device time of the kernels it launches
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def rows_for(rows: list[dict] | None = None, device_name: str | None = None) -> 
 
 
 def _shape(label: str) -> dict:
-    return {k: int(v) for k, v in (kv.split("=", 1) for kv in (label or "").split() if "=" in kv)}
+    return profile.parse_shape_label(label)   # 'M=1 N=4096 K=4096 bias=1' -> {'M': 1, ...}
 
 
 def _pick(rows, op, m, n, k, dtype, mode):
@@ -92,7 +92,7 @@ def against(rows: list[dict], op: str = "linear", dtype: str = GOAL_DTYPE, mode:
 
 
 def call_vs_kernels(fn, label: str, reps: int = 20) -> dict:
-    """A baseline's call timed as the benchmarks time it (the larger of the GPU's and the host's time a repetition,
+    """A call (a baseline's, or the lab's through its wrapper) timed as the benchmarks time it (the larger of the GPU's and the host's time a repetition,
     lab.timing) beside the device time of the kernels it launches (the profiler's GPU events): where they differ, the
     difference is the host's work around the kernels."""
     t = time_cuda(fn)
