@@ -183,13 +183,18 @@ def cmd_profile(args) -> int:
         for op in _ops(fam, args):
             shapes = _shapes(args, op)
             shape = shapes[len(shapes) // 2] if shapes else None
+            versions = args.version
+            if args.ours:
+                if args.version:
+                    raise SystemExit("lab profile: --ours and --version both name the versions; give one of them")
+                versions = steps.ours_and_baseline(op)
             if args.ncu:
-                rows, bad = steps.ncu_op(fam, op, dev, _dtypes(args), args.version, shape)
+                rows, bad = steps.ncu_op(fam, op, dev, _dtypes(args), versions, shape)
                 failed += bad
                 if rows:
                     print(profile.ncu_table(rows))
                 continue
-            for title, table, trace in steps.profile_op(fam, op, dev, _dtypes(args), args.version, shape):
+            for title, table, trace in steps.profile_op(fam, op, dev, _dtypes(args), versions, shape):
                 print(f"== {title}\n{table}")
                 print(f"   trace: {trace}")
             for dt in _dtypes(args) or op.dtypes[:1]:
@@ -298,6 +303,9 @@ def main(argv=None) -> int:
     common(sp)
     sp.add_argument("--ncu", action="store_true", help="instead: each version's kernels under Nsight Compute (one "
                     "call, one shape) into results/<device>/ncu.csv; says so and exits 0 where ncu or a GPU is missing")
+    sp.add_argument("--ours", action="store_true", help="only our versions (vN) and the op's baseline (the one its "
+                    "ratios are against), not every baseline (optim's for-loop Adam launches a few kernels per tensor, "
+                    "each replayed under ncu)")
     sp.add_argument("--ncu-child", action="store_true", help=argparse.SUPPRESS)   # what --ncu runs under ncu
     sp = sub.add_parser("plot", help="redraw this machine's figures from results/<device>/results.csv")
     sp.add_argument("--device", help="the rows of this device name instead (e.g. 'NVIDIA H100 80GB HBM3')")

@@ -70,6 +70,13 @@ def profile_shape(op: Op, device: torch.device) -> dict:
     return shapes[len(shapes) // 2]
 
 
+def ours_and_baseline(op: Op) -> list[str]:
+    """The names of our versions (vN) of `op` and of the one baseline its ratios are against (op.baseline): what
+    `lab profile --ours` profiles. The other baselines can cost more than everything else under ncu (optim's for-loop
+    Adam launches a few kernels per tensor, 148 tensors at its profile shape, each replayed)."""
+    return [v.name for v in op.versions if not v.baseline or v.name == op.baseline]
+
+
 def _key(fam: Family, op: Op, v, dt: torch.dtype, shape: dict) -> dict:
     """The columns that name a measurement, as results.csv names it."""
     return {"family": fam.name, "op": op.name, "version": v.name, "shape": registry.shape_label(shape),

@@ -224,3 +224,21 @@ def test_the_dominant_kernel_and_its_bound_are_read_from_recorded_rows(tmp_path,
     assert "bound not measured" in lines[-1] and "100% of 7.50 us" in lines[-1]
     assert "no recorded profile rows" in profile.dominant_kernel_line("embedding", "backward")
     assert profile.dominant_kernel_line("embedding", "forward", shape="tokens=7").split()[0] == "v8"
+
+
+def test_ours_and_baseline_keeps_our_versions_and_the_ratio_baseline_only():
+    from lab import registry, steps
+    adamw = registry.get("optim").op("adamw")
+    names = steps.ours_and_baseline(adamw)
+    # (the C++ CPU version is ours too: versions_for drops it on the GPU)
+    assert names == ["cpu", "v1", "v2", "v3", "v4", "torch.fused"]   # not the for-loop / foreach / Triton baselines
+    kron = registry.get("kron").op("forward")
+    assert steps.ours_and_baseline(kron) == ["cpu", "v1", "v2", "torch.bmm"]
+
+
+def test_cli_profile_ours_and_version_together_is_a_clear_error(tmp_path):
+    e = {**os.environ, "LAB_RESULTS_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "lab", "profile", "basics", "--op", "square", "--ours", "--version",
+                        "v1", "--device", "cpu"], cwd=env.ROOT, env=e, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert "--ours and --version both name the versions; give one of them" in r.stderr
