@@ -207,14 +207,17 @@ def _is_baseline(r: dict) -> bool:
 
 
 def headlines(rows: list[dict]) -> list[dict]:
-    """Per (family, op, dtype, precision of our kernel), at the largest shape timed: our fastest kernel and the
-    fastest baseline of the same precision, in each mode (eager, graph) — never a ratio across modes or precisions."""
+    """Per (family, op, dtype, precision of our kernel), at the largest shape the newest commit timed: our fastest
+    kernel and the fastest baseline of the same precision, in each mode (eager, graph) — never a ratio across modes
+    or precisions."""
     rows = [r for r in results.latest(rows) if r["median_us"] and r["mode"] != "wall"]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["family"], r["op"], r["dtype"]), []).append(r)
     out = []
     for (fam, op, dt), rs in sorted(groups.items()):
+        newest = max(rs, key=lambda r: r["timestamp"] or "")["commit"]   # one commit's rows per line: a shape no
+        rs = [r for r in rs if r["commit"] == newest]                    # longer benched keeps no older row up
         by_shape: dict[str, list[dict]] = {}
         for r in rs:
             by_shape.setdefault(r["shape"], []).append(r)
@@ -246,9 +249,11 @@ def readme_status(device_dir) -> str:
           + ", ".join(f"{p} {v:.1f}" for p, v in sorted(c.get("gemm_tflops", {}).items())) + " TFLOP/s"
           + (f"; FP32 FMA probe {c['fma_tflops']:.1f} TFLOP/s" if c.get("fma_tflops") else "")
           + f" (commit {c.get('stamp', {}).get('commit', '?')})" for k, c in sorted(ceil.items())]
+    heads = headlines(rows)
+    shown = sorted({r["commit"] for h in heads for pair in h["modes"].values() for r in pair if r and r["commit"]})
     lines = [f"**{rows[0]['device_name']}** — generated from `results/{device_dir.name}/results.csv` by "
-             f"`python -m lab summary --readme` (newest row per case; commits "
-             f"{', '.join(sorted({r['commit'] for r in rows if r['commit']}))}). Per op and dtype, at the largest "
+             f"`python -m lab summary --readme` (newest row per case; the rows shown are of commit"
+             f"{'s' if len(shown) > 1 else ''} {', '.join(shown)}). Per op and dtype, at the largest "
              "shape timed: our fastest kernel against the fastest baseline of the same precision, in the same mode "
              "(eager: CUDA events per call; graph: replayed from a CUDA graph).", ""]
     if cl:
@@ -266,7 +271,7 @@ def readme_status(device_dir) -> str:
         return s
 
     notes: set[str] = set()
-    for h in headlines(rows):
+    for h in heads:
         m = h["modes"]
         eager = m.get("events") or m.get("cpu")
         best = min((p[0] for p in m.values()), key=lambda r: r["median_us"])

@@ -195,3 +195,31 @@ def test_merging_a_gpu_runs_tables_appends_new_rows_stamped_with_the_commit_sent
     rows = results.read(dst)
     assert [(r["version"], r["commit"]) for r in rows] == [("v1", "abc1234"), ("v2", "d465051")]
     assert m.merge_table(src, dst, "d465051abcdef", dry=False) == (0, 2)      # a second merge adds nothing
+
+
+def test_compare_explains_a_slowdown_by_the_baselines_the_graph_row_or_the_timing_rule():
+    """Four of our rows 2x slower, each for a different reason: a baseline that moved as much (machine), a steady
+    graph row of the same call (host time), a base timed before host time counted with a baseline slower too (rule),
+    and one nothing explains -- the only one that fails `lab compare`."""
+    from lab import compare
+    def row(version, commit, ts, med, mode="events", shape="n=1"):
+        return {"device_name": "GPU", "family": "basics", "op": "square", "version": version, "dtype": "float32",
+                "shape": shape, "mode": mode, "commit": commit, "timestamp": ts, "median_us": str(med),
+                "p20_us": str(med * 0.99), "p80_us": str(med * 1.01)}
+    old, new = ("o", "2026-11-26T00:00:00"), ("n", "2026-11-27T00:00:00")   # both after the rule
+    before = ("b", "2026-11-20T00:00:00")                                      # before it
+    rows = [row("v1", *old, 10, shape="n=1"), row("v1", *new, 20, shape="n=1"),          # machine: torch 2x too
+            row("torch", *old, 10, shape="n=1"), row("torch", *new, 20, shape="n=1"),
+            row("v1", *old, 10, shape="n=2"), row("v1", *new, 20, shape="n=2"),          # host: graph row steady
+            row("v1", *new, 10, mode="graph", shape="n=2"),
+            row("v1", *before, 10, shape="n=3"), row("v1", *new, 20, shape="n=3"),       # rule
+            row("torch", *before, 10, shape="n=3"), row("torch", *new, 13, shape="n=3"),
+            row("v1", *old, 10, shape="n=4"), row("v1", *new, 20, shape="n=4"),          # unexplained
+            row("torch", *old, 10, shape="n=4"), row("torch", *new, 10, shape="n=4")]
+    es = compare.explain(compare.compare(rows, new="n"))
+    why = {e["shape"]: e["why"] for e in es if e["version"] == "v1"}
+    assert why == {"n=1": "machine", "n=2": "host", "n=3": "rule", "n=4": ""}
+    text = compare.report(es)
+    assert "of ours: 1 unexplained, 1 where a baseline moved as much (machine), 1 eager rows whose graph row is " \
+           "steady (host time), 1 timed before de761d0 where a baseline got slower too (rule)" in text
+    assert text.splitlines()[1].split()[1:3] == ["basics.square", "v1"] and "n=4" in text.splitlines()[1]   # first
