@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity
 
-from .. import env, registry, results
+from .. import build, env, registry, results
 from ..kernels import gru as kgru
 from ..kernels import linear as klin
 from ..models.seq2seq import Config, LabSeq2Seq, Seq2Seq, build_model, random_src
@@ -540,6 +540,7 @@ def survey(device, batch: int | None = None, step_batches=(1,), cfg: Config = Co
     return rows
 
 
+@build.frozen()   # the lab's wrappers timed without their per-call source-file check
 def wall_times(device, batch: int | None = None, cfg: Config = Config(), reps: int = 30,
                record_rows: bool = True, model: Seq2Seq | None = None) -> list[dict]:
     """Wall-clock time of a greedy decode, call to GPU idle (perf_counter around the call and a synchronize), median
@@ -642,6 +643,7 @@ def ladder_rungs(device, batch: int = 1, cfg: Config = Config()) -> list[Rung]:
     return rungs
 
 
+@build.frozen()   # the lab's wrappers timed without their per-call source-file check
 def dispatch_ladder(device, batch: int = 1, cfg: Config = Config(), reps: int = 2000, record_rows: bool = True
                     ) -> list[dict]:
     """Per rung: host time per call (median of reps, perf_counter, no profiler), device time (GPU: CUDA events,
@@ -783,6 +785,7 @@ def check_predictions(pred: list[dict], rows: list[dict]) -> list[dict]:
     return out
 
 
+@build.frozen()   # the lab's wrappers timed without their per-call source-file check
 def gemv_compare(device, batch: int = 1, cfg: Config = Config(), record_rows: bool = True) -> list[dict]:
     """fc_out at `batch` rows: F.linear (cuBLAS: at one row the cublasLt bias path is refused and the bias is copied
     into the output before a GEMV with beta = 1) against the lab's default version for this shape (lab.kernels.
