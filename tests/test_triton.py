@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,39 @@ def test_triton_is_set_against_the_fastest_rung_of_its_own_precision_and_mode():
     assert "best rung v10" in lines[1] and lines[1].endswith("level (p20..p80 ranges overlap)")
     assert lines[2] == "linear triton M=8: no CUDA rung of this precision timed beside it"
     assert "nothing to compare" in K.triton_against_rungs([row("v8", 1.0, 1.0, 1.0)], "cpu")
+
+
+def test_memory_ops_counts_global_accesses_per_function_by_width():
+    from lab.studies import kernel_lines
+    sass = ("\t\tFunction : k_a\n        /*0040*/  LDG.E.128.CONSTANT R4, desc[UR4][R2.64] ;\n"
+            "        /*0050*/  LDG.E.128.CONSTANT R8, desc[UR4][R6.64] ;\n        /*0060*/  FADD R4, R4, R8 ;\n"
+            "        /*0070*/  STG.E.128 desc[UR4][R10.64], R4 ;\n        /*0080*/  EXIT ;\n"
+            "\t\tFunction : k_b\n        /*0040*/  @P0 LDG.E R4, desc[UR4][R2.64] ;\n"
+            "        /*0050*/  STG.E desc[UR4][R6.64], R4 ;\n        /*0060*/  RED.E.ADD.F32.FTZ.RN.STRONG.GPU "
+            "desc[UR4][R8.64], R4 ;\n")
+    got = kernel_lines.memory_ops(sass)
+    assert got == {"k_a": {"LDG.E.128.CONSTANT": 2, "STG.E.128": 1},
+                   "k_b": {"LDG.E": 1, "RED.E.ADD.F32.FTZ.RN.STRONG.GPU": 1, "STG.E": 1}}
+    assert list(kernel_lines.memory_ops(sass, "k_b")) == ["k_b"]
+
+
+@needs_triton
+@pytest.mark.skipif(shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"),
+                    reason="nvcc not found: the SASS of a CUDA unit cannot be compiled here")
+def test_generated_code_of_vector_add_cuda_v2_and_triton():
+    """The evidence notebook 01 prints for 'where Triton is faster, why': both emit 16-byte accesses when Triton may
+    assume 16-divisible pointers and n; without n's divisibility Triton falls back to 4-byte accesses."""
+    from lab.kernels._triton.basics import BLOCK, vector_add_kernel
+    from lab.studies import kernel_lines
+    v2 = kernel_lines.memory_ops(kernel_lines.cuda_sass("basics", "vector_add.cu"), "add_v2<float>")
+    (ops,) = v2.values()
+    assert ops.get("LDG.E.128.CONSTANT", 0) >= 2 and ops.get("STG.E.128", 0) >= 1   # float4 in the loop
+    assert ops.get("LDG.E.CONSTANT", 0) == 2 and ops.get("STG.E", 0) == 1           # the scalar tail
+    sig = {"a_ptr": "*fp32", "b_ptr": "*fp32", "out_ptr": "*fp32", "n": "i64"}
+    wide = kernel_lines.memory_ops(kernel_lines.triton_sass(
+        vector_add_kernel, sig, {"BLOCK": BLOCK}, aligned=("a_ptr", "b_ptr", "out_ptr", "n")))
+    narrow = kernel_lines.memory_ops(kernel_lines.triton_sass(
+        vector_add_kernel, sig, {"BLOCK": BLOCK}, aligned=("a_ptr", "b_ptr", "out_ptr")))
+    # BLOCK / (4 warps x 32 lanes) = 8 floats a lane: two 16-byte loads per operand, or eight 4-byte ones
+    assert wide == {"vector_add_kernel": {"LDG.E.128": 4, "STG.E.128": 2}}
+    assert narrow == {"vector_add_kernel": {"LDG.E": 16, "STG.E": 8}}

@@ -8,14 +8,24 @@ line with code and a trailing comment counts once. Shared headers (.cuh) are not
     triton_lines("linear")                  {"linear_kernel": n, "linear": n}: the @triton.jit kernels, the launchers
     cuda_lines("linear", "v8_v9.cu")        the whole unit
     cuda_lines("basics", "vector_add.cu", "vector_add_v2")    one __global__ function (signature to closing brace)
+
+And what the compilers emitted, for "where Triton is faster, say why from the generated code" (issue 17): the SASS of
+a CUDA unit (nvcc -cubin) and of a Triton kernel (compiled ahead of time for the same arch: no GPU needed), and the
+global-memory instructions of each kernel in it, by width.
+
+    memory_ops(cuda_sass("basics", "vector_add.cu"), "add_v2")    {"add_v2<float>": {"LDG.E.128": 8, ...}, ...}
 """
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import subprocess
+import tempfile
+from collections import Counter
 from pathlib import Path
 
-from .. import env
+from .. import build, env
 
 TRITON_DIR = env.ROOT / "lab" / "kernels" / "_triton"
 
@@ -119,3 +129,90 @@ def triton_against_rungs(rows: list[dict], device: str = "") -> str:
     if not tri_rows:
         lines.append(f"no triton rows on this machine ({device}): nothing to compare (the cells above say why)")
     return "\n".join(lines)
+
+
+# ---- what the compilers emitted ------------------------------------------------------------------------------------
+def _cuobjdump() -> str:
+    """The CUDA toolkit's cuobjdump, else the copy triton ships (a toolkit of nvcc alone has none)."""
+    tool = build.cuda_tool("cuobjdump")
+    spec = importlib.util.find_spec("triton")
+    bundled = [Path(p) / "backends" / "nvidia" / "bin" / "cuobjdump" for p in (spec.submodule_search_locations or [])] \
+        if spec else []
+    tool = tool or next((str(p) for p in bundled if p.exists()), None)
+    if tool is None:
+        raise RuntimeError("cuobjdump not found (set CUDA_HOME or put the CUDA toolkit's bin on PATH)")
+    return tool
+
+
+def _sass_of(cubin: Path) -> str:
+    tool = _cuobjdump()
+    r = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, timeout=120)
+    if r.returncode:
+        raise RuntimeError(f"cuobjdump -sass {cubin.name} failed: {(r.stdout + r.stderr).strip()[-500:]}")
+    return r.stdout
+
+
+def cuda_sass(family: str, unit: str, arch: str = "sm_90", flags: tuple[str, ...] = ("-O3",)) -> str:
+    """cuobjdump -sass of cuda_src/<family>/<unit> compiled alone to a cubin for `arch` (nvcc; no GPU needed). The
+    unit is compiled as the builds see it (-std=c++17, cuda_src, cpp_src and the family's folder on the include path);
+    a unit that needs torch's headers is not supported here."""
+    cc = build.nvcc_path()
+    if cc is None:
+        raise RuntimeError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+    src = env.CUDA_SRC / family / unit
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "unit.cubin"
+        cmd = [cc, "-std=c++17", "-cubin", f"-arch={arch}", *flags, "-I", str(env.CUDA_SRC), "-I", str(env.CPP_SRC),
+               "-I", str(src.parent), str(src), "-o", str(out)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if r.returncode:
+            raise RuntimeError(f"nvcc {unit} failed: {(r.stdout + r.stderr).strip()[-800:]}")
+        return _sass_of(out)
+
+
+def triton_sass(kernel, signature: dict[str, str], constexprs: dict[str, object], num_warps: int = 4,
+                arch: int = 90, aligned: tuple[str, ...] = ()) -> str:
+    """cuobjdump -sass of a @triton.jit kernel compiled ahead of time for sm_<arch> (triton.compile with a target:
+    no GPU needed). signature: {argument: type} for the runtime arguments ('*fp32', 'i64', ...); constexprs:
+    {argument: value}; aligned: the arguments Triton would find 16-divisible at launch (a pointer 16-byte aligned, an
+    integer a multiple of 16), which is what lets it emit wide accesses."""
+    import triton   # optional dependency (lab/kernels/_triton): only this function needs it
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    names = list(kernel.arg_names)
+    sig = {a: ("constexpr" if a in constexprs else signature[a]) for a in names}
+    consts = {(names.index(a),): v for a, v in constexprs.items()}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
+                              target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    with tempfile.TemporaryDirectory() as d:
+        cubin = Path(d) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        return _sass_of(cubin)
+
+
+_GLOBAL_OP = re.compile(r"\b((?:LDG|STG|LDGSTS|ATOMG|RED)(?:\.[A-Z0-9_]+)*)\s")
+
+
+def memory_ops(sass: str, kernel: str | None = None) -> dict[str, dict[str, int]]:
+    """Per function of a cuobjdump -sass listing (those whose name contains `kernel`, demangled when c++filt is
+    there): how many global-memory instructions of each form its code holds (LDG.E.128 is a 16-byte load per
+    thread, LDG.E a 4-byte one; .CONSTANT marks the read-only path). Static counts: an unrolled loop body counts
+    once per copy, a loop's trips not at all."""
+    out: dict[str, dict[str, int]] = {}
+    for chunk in sass.split("Function : ")[1:]:
+        name, body = chunk.split("\n", 1)
+        name = _demangle(name.strip())
+        if kernel and kernel not in name:
+            continue
+        ops = Counter(m.group(1) for m in _GLOBAL_OP.finditer(body))
+        out[name] = dict(sorted(ops.items()))
+    return out
+
+
+def _demangle(name: str) -> str:
+    try:
+        r = subprocess.run(["c++filt", name], capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() or name
+    except (OSError, subprocess.SubprocessError):
+        return name

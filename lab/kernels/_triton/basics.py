@@ -1,8 +1,9 @@
 """basics in Triton: vector_add, out = a + b (float32, float64), one masked 1-D block per program.
 
-What Triton should do for free (to confirm in the SASS on the H100): the 16-byte loads of CUDA v2 where the pointers
-are 16-byte aligned and n is a multiple of 16 (it specializes on both at launch; an odd n makes the mask break the
-vectors up), and the tail as a mask instead of a scalar cleanup loop. What it does not do: the grid-stride loop (one
+What Triton does for free (its SASS for sm_90, read in notebook 01 and asserted in tests/test_triton.py): the 16-byte
+loads of CUDA v2 where the pointers are 16-byte aligned and n is a multiple of 16 (it specializes on both at launch;
+without n's divisibility the mask breaks the vectors up into 4-byte accesses), and the tail as a mask instead of a
+scalar cleanup loop. What it does not do: the grid-stride loop (one
 program per block; a 2^28 vector is 2^18 programs), which the hand-written v2 uses to launch one wave.
 """
 from __future__ import annotations
