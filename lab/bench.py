@@ -8,6 +8,7 @@ Layers: lab.timing (events, L2 flush, graphs, CPU timing) <- lab.ceilings (copy,
 """
 from __future__ import annotations
 
+import statistics
 from typing import Callable
 
 import torch
@@ -127,6 +128,9 @@ def bench_op(op: Op, device: torch.device | str, dtypes=None, versions=None, sha
                 "baseline": None, "speedup": None, "_ref": getattr(refs.get((dtype, precision_of(v, dtype))),
                                                                     "name", None),
                 "note": note, **results.stamp(device),
+                # the repetition's two parts (GPU rows): an eager row whose host_us passes gpu_us is host-bound
+                "gpu_us": statistics.median(t.gpu_us) if t.gpu_us else None,
+                "host_us": statistics.median(t.host_us) if t.host_us else None,
             }
             rows.append(row)
             if progress:

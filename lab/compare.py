@@ -21,6 +21,10 @@ from . import results
 KEY = ("device_name", "family", "op", "version", "dtype", "shape", "mode")
 
 
+def _num(v) -> float | None:
+    return float(v) if v not in (None, "") else None
+
+
 def compare(rows: list[dict], new: str | None = None, base: str | None = None, tolerance: float = 0.05) -> list[dict]:
     """One entry per measurement of commit `new` (default: the newest commit in `rows`) that has an earlier one: the
     base row (of commit `base`, or the newest earlier one), the ratio new/base of medians, and whether it is slower."""
@@ -43,10 +47,14 @@ def compare(rows: list[dict], new: str | None = None, base: str | None = None, t
         o = max(olds, key=lambda x: x["timestamp"])
         ratio = float(r["median_us"]) / float(o["median_us"])
         apart = float(r["p20_us"]) > float(o["p80_us"])
+        # the GPU's part of each side where the rows tell it: recorded (gpu_us), or the whole time of a row timed
+        # before host time counted
+        base_gpu = _num(o.get("gpu_us")) or (float(o["median_us"]) if o["timestamp"] < HOST_COUNTED_SINCE[1] else None)
         out.append({**{c: r[c] for c in KEY}, "base_commit": o["commit"], "base_us": float(o["median_us"]),
                     "base_ts": o["timestamp"],
                     "new_us": float(r["median_us"]), "ratio": ratio, "slower": ratio > 1 + tolerance and apart,
-                    "graph_us": graph_us.get(k[:-1]) if r["mode"] == "events" else None})
+                    "graph_us": graph_us.get(k[:-1]) if r["mode"] == "events" else None,
+                    "gpu_us": _num(r.get("gpu_us")), "base_gpu_us": base_gpu})
     return sorted(out, key=lambda e: -e["ratio"])
 
 
@@ -59,7 +67,9 @@ HOST_COUNTED_SINCE = ("de761d0", "2026-11-25T03:34:37")
 def explain(entries: list[dict], tolerance: float = 0.05) -> list[dict]:
     """Each slower entry gets `why`: 'machine' when a PyTorch baseline of the same measurement (device, op, dtype,
     shape, mode) moved at least as much between the same two runs (clocks, the lent VM's host: not our code);
-    'host' when the entry is an eager row and the same run's graph row of it (one launch of the captured call) is not
+    'host' when the GPU's part of the new row (gpu_us) is no slower than the base's (its gpu_us, or its whole time if
+    timed before host time counted), or when the entry is an eager row and the same run's graph row of it (one launch
+    of the captured call) is not
     slower than the base eager row, or was compared and is not slower: the kernels ran as fast, what grew is the
     host's time to issue the eager call, which a repetition counts since de761d0 (lab/timing.py: the larger of GPU
     and host time); 'rule' when the base row was timed before that rule and a baseline of the same measurement got
@@ -80,6 +90,9 @@ def explain(entries: list[dict], tolerance: float = 0.05) -> list[dict]:
         k = (e["device_name"], e["family"], e["op"], e["dtype"], e["shape"])
         if any(m * (1 + tolerance) >= e["ratio"] for m in moves.get(k + (e["mode"],), [])):
             e["why"] = "machine"
+        elif (e.get("gpu_us") is not None and e.get("base_gpu_us") is not None
+              and e["gpu_us"] <= e["base_gpu_us"] * (1 + tolerance)):
+            e["why"] = "host"
         elif e["mode"] == "events" and (
                 (e.get("graph_us") is not None and e["graph_us"] <= e["base_us"] * (1 + tolerance))
                 or ((g := graph.get(k + (e["version"],))) is not None and not g["slower"])):
@@ -107,9 +120,9 @@ def report(entries: list[dict], top: int = 20, tolerance: float = 0.05) -> str:
                                   []).append(e["ratio"])
     lines = [f"{len(entries)} measurements compared; {len(slower)} slower beyond the tolerance and the p20-p80 bands"
              f" ({len(slower) - len(ours)} of them baselines); of ours: {n['']} unexplained, {n['machine']} where a "
-             f"baseline moved as much (machine), {n['host']} eager rows whose graph row is steady (host time), "
+             f"baseline moved as much (machine), {n['host']} whose GPU part or graph row is steady (host time), "
              f"{n['rule']} timed before {HOST_COUNTED_SINCE[0]} where a baseline got slower too (rule)"]
-    tag = {"": "", "machine": "  [machine]", "host": "  [host: graph row steady]",
+    tag = {"": "", "machine": "  [machine]", "host": "  [host: GPU part or graph row steady]",
            "rule": f"  [rule: host time counted since {HOST_COUNTED_SINCE[0]}]"}
     order = sorted(slower, key=lambda e: (e["version"].startswith(BASELINE_PREFIXES), e.get("why", "") != "",
                                            -e["ratio"]))

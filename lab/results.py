@@ -23,8 +23,13 @@ COLUMNS = [
     "family", "op", "version", "shape", "size", "dtype", "precision", "device", "device_name", "mode",
     "median_us", "p20_us", "p80_us", "reps", "gbps", "tflops", "pct_copy_bw", "pct_peak", "baseline", "speedup",
     "torch", "cuda", "commit", "timestamp", "run_id", "note",
+    # a GPU repetition's two parts (lab/timing.py: median_us is the larger of them per repetition): the GPU's time
+    # (CUDA events) and the host's time to issue the call, medians over the repetitions; empty for CPU rows, the extras'
+    # rows and rows recorded before the columns were added (rows before de761d0 were timed by the GPU's part alone)
+    "gpu_us", "host_us",
 ]
-NUMERIC = {"size", "median_us", "p20_us", "p80_us", "reps", "gbps", "tflops", "pct_copy_bw", "pct_peak", "speedup"}
+NUMERIC = {"size", "median_us", "p20_us", "p80_us", "reps", "gbps", "tflops", "pct_copy_bw", "pct_peak", "speedup",
+           "gpu_us", "host_us"}
 RUN_ID = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]  # one per process: rows of one run group
 
 
@@ -57,6 +62,7 @@ def append(rows: list[dict], path: Path | None = None, columns: list[str] | None
         return out
     cols = columns or COLUMNS
     path.parent.mkdir(parents=True, exist_ok=True)
+    _upgrade_header(path, cols)
     for r in rows:
         extra = set(r) - set(cols)
         if extra:
@@ -79,6 +85,31 @@ def append(rows: list[dict], path: Path | None = None, columns: list[str] | None
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     return path
+
+
+def _upgrade_header(path: Path, cols: list[str]) -> None:
+    """A table written before columns were added (its header a prefix of `cols`) is rewritten under today's header,
+    its rows' new cells empty; any other header is an error (appending under it would shift every cell)."""
+    if not path.exists():
+        return
+    with open(path, newline="") as f:
+        header = next(csv.reader(f), [])
+    if not header or header == cols:
+        return
+    if header != cols[:len(header)]:
+        raise ValueError(f"{path}: its header {header} is not a prefix of the columns written now {cols}: "
+                         "move the file aside (or merge it with .ci/merge_results.py) rather than append to it")
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, cols, lineterminator="\n", restval="")
+        w.writeheader()
+        w.writerows(rows)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(buf.getvalue())
+        os.replace(tmp, path)
 
 
 RENAMES = Path(__file__).with_name("renames.json")

@@ -1,3 +1,5 @@
+import csv
+
 import pytest
 
 from lab import results
@@ -215,11 +217,29 @@ def test_compare_explains_a_slowdown_by_the_baselines_the_graph_row_or_the_timin
             row("v1", *before, 10, shape="n=3"), row("v1", *new, 20, shape="n=3"),       # rule
             row("torch", *before, 10, shape="n=3"), row("torch", *new, 13, shape="n=3"),
             row("v1", *old, 10, shape="n=4"), row("v1", *new, 20, shape="n=4"),          # unexplained
-            row("torch", *old, 10, shape="n=4"), row("torch", *new, 10, shape="n=4")]
+            row("torch", *old, 10, shape="n=4"), row("torch", *new, 10, shape="n=4"),
+            row("v1", *before, 10, shape="n=5"), dict(row("v1", *new, 20, shape="n=5"), gpu_us="10.2")]  # GPU part
     es = compare.explain(compare.compare(rows, new="n"))
     why = {e["shape"]: e["why"] for e in es if e["version"] == "v1"}
-    assert why == {"n=1": "machine", "n=2": "host", "n=3": "rule", "n=4": ""}
+    assert why == {"n=1": "machine", "n=2": "host", "n=3": "rule", "n=4": "", "n=5": "host"}
     text = compare.report(es)
-    assert "of ours: 1 unexplained, 1 where a baseline moved as much (machine), 1 eager rows whose graph row is " \
+    assert "of ours: 1 unexplained, 1 where a baseline moved as much (machine), 2 whose GPU part or graph row is " \
            "steady (host time), 1 timed before de761d0 where a baseline got slower too (rule)" in text
     assert text.splitlines()[1].split()[1:3] == ["basics.square", "v1"] and "n=4" in text.splitlines()[1]   # first
+
+
+def test_a_table_written_before_columns_were_added_is_upgraded_not_shifted(tmp_path):
+    old_cols = results.COLUMNS[:-2]
+    path = tmp_path / results.TABLE
+    results.append([{"family": "basics", "op": "square", "version": "v1", "median_us": 5.0}], path, old_cols)
+    results.append([{"family": "basics", "op": "square", "version": "v2", "median_us": 4.0, "gpu_us": 3.0,
+                     "host_us": 4.0}], path)
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == results.COLUMNS
+    assert (rows[0]["version"], rows[0]["median_us"], rows[0]["gpu_us"]) == ("v1", "5", "")
+    assert (rows[1]["version"], rows[1]["gpu_us"], rows[1]["host_us"]) == ("v2", "3", "4")
+    other = tmp_path / "other.csv"
+    other.write_text("family,median_us,op\nbasics,1,square\n")
+    with pytest.raises(ValueError, match="is not a prefix of the columns written now"):
+        results.append([{"family": "basics"}], other)
