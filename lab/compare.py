@@ -67,14 +67,14 @@ HOST_COUNTED_SINCE = ("de761d0", "2026-11-25T03:34:37")
 def explain(entries: list[dict], tolerance: float = 0.05) -> list[dict]:
     """Each slower entry gets `why`: 'machine' when a PyTorch baseline of the same measurement (device, op, dtype,
     shape, mode) moved at least as much between the same two runs (clocks, the lent VM's host: not our code);
-    'host' when the GPU's part of the new row (gpu_us) is no slower than the base's (its gpu_us, or its whole time if
-    timed before host time counted), or when the entry is an eager row and the same run's graph row of it (one launch
-    of the captured call) is not
-    slower than the base eager row, or was compared and is not slower: the kernels ran as fast, what grew is the
-    host's time to issue the eager call, which a repetition counts since de761d0 (lab/timing.py: the larger of GPU
-    and host time); 'rule' when the base row was timed before that rule and a baseline of the same measurement got
-    slower too (beyond the tolerance: the shape is host-bound under today's rule, ours by its own host time);
-    '' when none of these explains it. Returns the entries."""
+    'host' when the kernels ran as fast and what grew is the host's time to issue the call, which a repetition counts
+    since de761d0 (lab/timing.py: the larger of GPU and host time) -- read from the GPU's part of the new row (gpu_us)
+    against the base's (its gpu_us, or its whole time if timed before de761d0), or for an eager row from the same
+    run's graph row of the call (not slower than the base eager row, or compared with the base's graph row and not
+    slower; a replay also drops the gaps between a call's kernels, so for a call of several kernels this reading is
+    the weaker one); 'rule' when the base row was timed before de761d0 and a baseline of the same measurement got
+    slower too (the shape is host-bound under today's rule, ours by its own host time); '' when none of these
+    explains it. Returns the entries."""
     moves: dict[tuple, list[float]] = {}
     graph: dict[tuple, dict] = {}
     for e in entries:
@@ -139,6 +139,6 @@ def report(entries: list[dict], top: int = 20, tolerance: float = 0.05) -> str:
 def main(args) -> int:
     entries = compare(results.read(), args.new, args.base, args.tolerance)
     print(report(entries, args.top, args.tolerance))
-    # exit 1 for a slowdown of ours that neither a baseline's move nor a steady graph row explains
+    # exit 1 for a slowdown of ours that `explain` does not account for (machine, host or rule)
     return 1 if any(e["slower"] and not e["version"].startswith(BASELINE_PREFIXES) and not e["why"]
                     for e in entries) else 0
