@@ -313,7 +313,8 @@ def main(argv=None) -> int:
     sp = sub.add_parser("summary", help="write this machine's results/<device>/SUMMARY.md from its rows")
     sp.add_argument("--readme", action="store_true", help="instead: README's status table, from every device's rows")
     sp = sub.add_parser("compare", help="a commit's rows against the earlier rows of the same measurements: what got "
-                                        "slower, and why where the rows say (exit 1 if a version of ours got slower and nothing explains it)")
+                                        "slower, and why where the rows say (exit 1 if a version of ours got slower "
+                                        "and nothing explains it)")
     sp.add_argument("--new", help="the commit whose rows are compared (default: the newest rows' commit)")
     sp.add_argument("--base", help="compare only with this commit's rows (default: each row's newest earlier one)")
     sp.add_argument("--tolerance", type=float, default=0.05, help="slower = median above base by more than this "
