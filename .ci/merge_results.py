@@ -19,6 +19,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _upgrade(dst: Path, cols: list[str], dry: bool) -> None:
+    """A table of this checkout written before columns were added (its header a strict prefix of the run's) is
+    rewritten under the run's header first, its rows' new cells empty (lab.results does the same on append)."""
+    with dst.open(newline="") as f:
+        header = next(csv.reader(f), [])
+    if dry or not header or len(header) >= len(cols) or header != cols[:len(header)]:
+        return
+    with dst.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    with dst.open("w", newline="") as f:
+        w = csv.DictWriter(f, cols, restval="")
+        w.writeheader()
+        w.writerows(rows)
+    print(f"{dst}: header extended by {cols[len(header):]}")
+
+
 def merge_table(src: Path, dst: Path, sent: str, dry: bool) -> tuple[int, int]:
     with src.open(newline="") as f:
         reader = csv.DictReader(f)
@@ -27,6 +43,7 @@ def merge_table(src: Path, dst: Path, sent: str, dry: bool) -> tuple[int, int]:
     cols = src_cols
     have: set[tuple] = set()
     if dst.exists():
+        _upgrade(dst, src_cols, dry)
         with dst.open(newline="") as f:
             reader = csv.DictReader(f)
             cols = reader.fieldnames or []

@@ -197,12 +197,19 @@ def test_merging_a_gpu_runs_tables_appends_new_rows_stamped_with_the_commit_sent
     rows = results.read(dst)
     assert [(r["version"], r["commit"]) for r in rows] == [("v1", "abc1234"), ("v2", "d465051")]
     assert m.merge_table(src, dst, "d465051abcdef", dry=False) == (0, 2)      # a second merge adds nothing
+    # a checkout's table from before columns were added takes a newer run's rows under the newer header
+    older = tmp_path / "older.csv"
+    results.append([old], older, results.COLUMNS[:-2])
+    assert m.merge_table(src, older, "d465051abcdef", dry=False) == (1, 2)
+    with open(older, newline="") as f:
+        got = list(csv.DictReader(f))
+    assert list(got[0]) == results.COLUMNS and [r["version"] for r in got] == ["v1", "v2"]
 
 
 def test_compare_explains_a_slowdown_by_the_baselines_the_graph_row_or_the_timing_rule():
-    """Four of our rows 2x slower, each for a different reason: a baseline that moved as much (machine), a steady
-    graph row of the same call (host time), a base timed before host time counted with a baseline slower too (rule),
-    and one nothing explains -- the only one that fails `lab compare`."""
+    """Five of our rows 2x slower: a baseline that moved as much (machine), a steady graph row of the same call or a
+    steady GPU part (host time), a base timed before host time counted with a baseline slower too (rule), and one
+    nothing explains -- the only one that fails `lab compare`."""
     from lab import compare
     def row(version, commit, ts, med, mode="events", shape="n=1"):
         return {"device_name": "GPU", "family": "basics", "op": "square", "version": version, "dtype": "float32",
