@@ -17,22 +17,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _upgrade(dst: Path, cols: list[str], dry: bool) -> None:
-    """A table of this checkout written before columns were added (its header a strict prefix of the run's) is
-    rewritten under the run's header first, its rows' new cells empty (lab.results does the same on append)."""
-    with dst.open(newline="") as f:
-        header = next(csv.reader(f), [])
-    if dry or not header or len(header) >= len(cols) or header != cols[:len(header)]:
-        return
-    with dst.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    with dst.open("w", newline="") as f:
-        w = csv.DictWriter(f, cols, restval="")
-        w.writeheader()
-        w.writerows(rows)
-    print(f"{dst}: header extended by {cols[len(header):]}")
+sys.path.insert(0, str(ROOT))
+from lab import results  # noqa: E402  (the checkout's own lab: its header rule)
 
 
 def merge_table(src: Path, dst: Path, sent: str, dry: bool) -> tuple[int, int]:
@@ -42,8 +28,11 @@ def merge_table(src: Path, dst: Path, sent: str, dry: bool) -> tuple[int, int]:
         src_cols = reader.fieldnames or []
     cols = src_cols
     have: set[tuple] = set()
-    if dst.exists():
-        _upgrade(dst, src_cols, dry)
+    if dst.exists() and not dry:
+        with dst.open(newline="") as f:
+            header = next(csv.reader(f), [])
+        if len(header) < len(src_cols):   # a table of this checkout from before columns were added: extend it first
+            results.upgrade_header(dst, src_cols)
         with dst.open(newline="") as f:
             reader = csv.DictReader(f)
             cols = reader.fieldnames or []

@@ -62,7 +62,7 @@ def append(rows: list[dict], path: Path | None = None, columns: list[str] | None
         return out
     cols = columns or COLUMNS
     path.parent.mkdir(parents=True, exist_ok=True)
-    _upgrade_header(path, cols)
+    upgrade_header(path, cols)
     for r in rows:
         extra = set(r) - set(cols)
         if extra:
@@ -87,9 +87,10 @@ def append(rows: list[dict], path: Path | None = None, columns: list[str] | None
     return path
 
 
-def _upgrade_header(path: Path, cols: list[str]) -> None:
+def upgrade_header(path: Path, cols: list[str]) -> None:
     """A table written before columns were added (its header a prefix of `cols`) is rewritten under today's header,
-    its rows' new cells empty; any other header is an error (appending under it would shift every cell)."""
+    its rows' new cells empty; any other header is an error (appending under it would shift every cell). append()
+    calls it; .ci/merge_results.py too, before it appends a newer run's rows."""
     if not path.exists():
         return
     with open(path, newline="") as f:
