@@ -28,15 +28,18 @@ def merge_table(src: Path, dst: Path, sent: str, dry: bool) -> tuple[int, int]:
         src_cols = reader.fieldnames or []
     cols = src_cols
     have: set[tuple] = set()
-    if dst.exists() and not dry:
+    if dst.exists():
         with dst.open(newline="") as f:
             header = next(csv.reader(f), [])
-        if len(header) < len(src_cols):   # a table of this checkout from before columns were added: extend it first
+        if len(header) < len(src_cols) and not dry:   # a table from before columns were added: extend it first
             results.upgrade_header(dst, src_cols)
         with dst.open(newline="") as f:
             reader = csv.DictReader(f)
             cols = reader.fieldnames or []
-            have = {tuple(r.get(c) or "" for c in cols if c != "commit") for r in reader}
+            old_rows = list(reader)
+        if dry and len(cols) < len(src_cols) and cols == src_cols[:len(cols)]:
+            cols = src_cols   # (what the header would be after the upgrade a real merge makes)
+        have = {tuple(r.get(c) or "" for c in cols if c != "commit") for r in old_rows}
         extra = [c for c in src_cols if c not in cols]
         if extra:
             sys.exit(f"{src}: columns {extra} are not in {dst}: update the table's header first (lab.results)")

@@ -197,9 +197,13 @@ def test_merging_a_gpu_runs_tables_appends_new_rows_stamped_with_the_commit_sent
     rows = results.read(dst)
     assert [(r["version"], r["commit"]) for r in rows] == [("v1", "abc1234"), ("v2", "d465051")]
     assert m.merge_table(src, dst, "d465051abcdef", dry=False) == (0, 2)      # a second merge adds nothing
+    assert m.merge_table(src, dst, "d465051abcdef", dry=True) == (0, 2)       # and a dry run says so
     # a checkout's table from before columns were added takes a newer run's rows under the newer header
     older = tmp_path / "older.csv"
     results.append([old], older, results.COLUMNS[:-2])
+    assert m.merge_table(src, older, "d465051abcdef", dry=True) == (1, 2)     # (a dry run changes nothing)
+    with open(older, newline="") as f:
+        assert next(csv.reader(f)) == results.COLUMNS[:-2]
     assert m.merge_table(src, older, "d465051abcdef", dry=False) == (1, 2)
     with open(older, newline="") as f:
         got = list(csv.DictReader(f))
