@@ -15,7 +15,7 @@ import torch
 import torch.utils.benchmark as tbench
 from torch.utils.benchmark.utils.common import Measurement, TaskSpec
 
-from . import build, results
+from . import results
 from .ceilings import ceilings, peak_for
 from .registry import Op, Version, shape_label
 from .timing import time_fn
@@ -100,11 +100,8 @@ def bench_op(op: Op, device: torch.device | str, dtypes=None, versions=None, sha
         modes = [False] + ([True] if graphed(v) or forced else [])
         for use_graph in modes:
             try:
-                # frozen: the wrappers' build.load skips its source-file check (a stat of every source, ~40 us of
-                # host time a call on the H100's host, which the eager rows' host part would otherwise count:
-                # basics.square read 50 us at n=4096 against torch's 12 at de761d0)
-                with build.frozen():
-                    t = time_fn(_timed_call(v, inputs), device, graph=use_graph)
+                # (lab.timing runs under build.frozen: the wrappers' per-call source-file check is not timed)
+                t = time_fn(_timed_call(v, inputs), device, graph=use_graph)
             except Exception as e:  # noqa: BLE001 — a baseline replayed only for the ratios: say so, go on
                 if not (use_graph and forced):
                     raise

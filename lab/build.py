@@ -61,7 +61,7 @@ from pathlib import Path
 
 import torch
 
-from . import env
+from . import env, timing
 
 BUILD_FORMAT = 4  # bump when this file changes how targets are built
 CPP_FLAGS = ["-O3"]
@@ -389,6 +389,7 @@ class _Loaded:
     files: list[Path]
     sig: tuple
     checked: float
+    frozen_epoch: int = -1         # the frozen() block in which its files were last checked (-1: none)
 
 
 _loaded: dict = {}                 # (family, flavor, source dirs, only) -> _Loaded
@@ -397,14 +398,19 @@ _frozen = threading.local()
 
 @contextlib.contextmanager
 def frozen():
-    """Inside: load() returns loaded families without looking at the files (timing loops call the wrappers, and
-    so load(), thousands of times; a file check costs a few us each, which would land in eager host timings)."""
+    """Inside: load() checks a loaded family's files once, at its first call in the block (an edit saved before the
+    block is built and loaded, never a stale kernel), then returns it without looking at them (timing loops call the
+    wrappers, and so load(), thousands of times; a file check costs tens of us, which eager host timings would
+    count). lab.timing runs every measurement inside one."""
     depth = getattr(_frozen, "depth", 0)
+    if depth == 0:
+        _frozen.epoch = getattr(_frozen, "epoch", 0) + 1
     _frozen.depth = depth + 1
     try:
         yield
     finally:
         _frozen.depth = depth
+timing.TIMED_CONTEXTS.append(frozen)   # every lab.timing measurement runs frozen (a timed wrapper: no file check)
 _libs_alive: list = []             # every unit library ever loaded: never unloaded (a graph may still hold a kernel)
 
 
@@ -447,21 +453,22 @@ def load(family: str, flavor: str | None = None, *, verbose: bool = True, force:
         os.environ.get("LAB_ONLY", "")
     k = (family, flavor, env.CPP_SRC, env.CUDA_SRC, only_key)
     hit = _loaded.get(k)
+    epoch = _frozen.epoch if getattr(_frozen, "depth", 0) else -1
     if hit and not force:
-        if getattr(_frozen, "depth", 0):
+        if epoch >= 0 and hit.frozen_epoch == epoch:
             return hit.module
         now = time.monotonic()
         if max_age and now - hit.checked < max_age:
             return hit.module
         if _signature(hit.files) == hit.sig:
-            hit.checked = now
+            hit.checked, hit.frozen_epoch = now, epoch
             return hit.module
     with _lock:
         s = spec(family, flavor, only)
         files = s.files + [env.CPP_SRC / family, env.CUDA_SRC / family] if is_folder_family(family) else s.files
         hit = _loaded.get(k)
         if hit and hit.spec.key == s.key and not force:
-            hit.files, hit.sig, hit.checked = files, _signature(files), time.monotonic()
+            hit.files, hit.sig, hit.checked, hit.frozen_epoch = files, _signature(files), time.monotonic(), epoch
             hit.spec = s
             return hit.module
         todo = [t for t in s.targets if force or not t.artifact.exists()]
@@ -473,7 +480,7 @@ def load(family: str, flavor: str | None = None, *, verbose: bool = True, force:
         for t in s.units:
             libs[t.key] = old_libs.get(t.key) or (t, _load_unit(t))
         owners = _register(module, libs.values()) if s.units else {}
-        _loaded[k] = _Loaded(s, module, libs, owners, files, _signature(files), time.monotonic())
+        _loaded[k] = _Loaded(s, module, libs, owners, files, _signature(files), time.monotonic(), epoch)
         return module
 
 

@@ -71,8 +71,7 @@ def _run_job(job: Job) -> Any:
         dtype, shape = job.kwargs["dtype"], job.kwargs["shape"]
         v = [x for x in op.versions_for(job.device, dtype, [job.version])][0]
         inputs = op.make_inputs(shape, dtype, torch.device(job.device), torch.Generator().manual_seed(1234))
-        with build.frozen():
-            return time_fn(bench._timed_call(v, inputs), job.device).median_us
+        return time_fn(bench._timed_call(v, inputs), job.device).median_us   # (frozen: lab.timing)
     raise ValueError(f"unknown job kind {job.kind!r}")
 
 

@@ -12,6 +12,8 @@ The bottom layer of the harness: it imports no other module of the lab (ceilings
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 import statistics
@@ -21,6 +23,23 @@ from typing import Callable
 
 import torch
 import torch.utils.benchmark as tbench
+
+
+# Contexts entered around every timing below, registered by the layers above (this module imports none of the lab):
+# lab.build registers build.frozen, so a lab wrapper timed here does not pay its per-call source-file check (a stat
+# of every source, ~40 us of host time a call on the H100's host: basics.square read 50 us at n=4096 against torch's
+# 12 at de761d0, and kron.tune ranked its configurations by it at batch 32 in 8457d41's notebook 05).
+TIMED_CONTEXTS: list[Callable[[], contextlib.AbstractContextManager]] = []
+
+
+def _under_timed_contexts(f):
+    @functools.wraps(f)
+    def timed(*args, **kw):
+        with contextlib.ExitStack() as stack:
+            for make in TIMED_CONTEXTS:
+                stack.enter_context(make())
+            return f(*args, **kw)
+    return timed
 
 
 @dataclass
@@ -107,6 +126,7 @@ def capture_graph(fn: Callable[[], object], warmup: int = 3) -> torch.cuda.CUDAG
     return g
 
 
+@_under_timed_contexts
 def time_cuda(fn: Callable[[], object], *, graph: bool = False, flush: bool = True, warmup: int = 5,
               min_reps: int = 15, max_reps: int = 400, budget_ms: float = 300.0,
               head_start_us: float | None = None) -> Timing:
@@ -218,6 +238,7 @@ def _time_synchronizing(run, flush: bool, min_reps: int, max_reps: int, budget_m
     return Timing(times, "events")
 
 
+@_under_timed_contexts
 def time_cpu(fn: Callable[[], object], min_run_time: float = 0.2) -> Timing:
     """torch.utils.benchmark's blocked_autorange: per-block means, enough blocks for min_run_time seconds."""
     m = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()).blocked_autorange(

@@ -386,3 +386,29 @@ def test_the_precompiled_header_is_accepted_by_gcc_with_the_bindings_flags():
     rejected = d / "rejected.log"
     assert build.pch_dir(binding) == d, rejected.read_text() if rejected.exists() else "no PCH was built"
     assert (d / f"{build.PCH_HEADER}.gch").exists()
+
+
+def test_every_timing_runs_frozen_so_a_wrapper_pays_no_source_check():
+    """lab.timing enters what the layers above register (build.frozen): a timed lab wrapper skips its per-call stat
+    of the sources, and nothing outside a timing is frozen."""
+    from lab import timing
+    seen = []
+    timing.time_cpu(lambda: seen.append(getattr(build._frozen, "depth", 0)), min_run_time=0.01)
+    assert seen and min(seen) >= 1
+    assert getattr(build._frozen, "depth", 0) == 0
+
+
+def test_a_frozen_block_checks_the_files_once_then_not_again(toy):
+    """An edit saved before a timing starts is built at the block's first call (never a stale kernel); an edit inside
+    the block is not looked for until the next block (no stat per timed call)."""
+    m = build.load("toy", "cpu", verbose=False, max_age=0)
+    assert m.value() == 41
+    _edit(toy / "cpp_src" / "toy.cpp", "* 10 + 1", "* 10 + 2")
+    with build.frozen():
+        assert build.load("toy", "cpu", verbose=False, max_age=0).value() == 42        # checked once: rebuilt
+        _edit(toy / "cpp_src" / "toy.cpp", "* 10 + 2", "* 10 + 3")
+        assert build.load("toy", "cpu", verbose=False, max_age=0).value() == 42        # not looked at again
+        with build.frozen():                                                        # (a nested block: the same one)
+            assert build.load("toy", "cpu", verbose=False, max_age=0).value() == 42
+    with build.frozen():
+        assert build.load("toy", "cpu", verbose=False, max_age=0).value() == 43        # the next block sees it

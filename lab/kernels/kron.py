@@ -293,11 +293,8 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
     rows = []
 
     def timed(version, cfg, cols):
-        # frozen: ext() skips the source-file check a call (tens of us of host time, which at small batch ranked the
-        # configurations by the host's time, not the kernel's: every choice read alike at batch 32)
-        with build.frozen():
-            return time_cuda(lambda: ext().forward(x, fs, out, [], version_number(version), cfg, cols),
-                             budget_ms=budget_ms).median_us
+        return time_cuda(lambda: ext().forward(x, fs, out, [], version_number(version), cfg, cols),
+                         budget_ms=budget_ms).median_us
 
     fK = sizes[-1]
     cs = sorted({(-(-fK // n) + 3) // 4 * 4 for n in (1, 2, 4, 8, 16, 32) if -(-fK // n) >= 1}, reverse=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
-from .. import build, registry, results
+from .. import registry, results
 from ..plot import save_figure   # (lab.plot picks matplotlib's backend: Agg outside a notebook)
 from ..timing import time_cuda
 from ..kernels.embedding import (FAMILY, FORMULA_BWD, FORMULA_FWD, VOCAB, embedding, embedding_backward,
@@ -213,7 +213,6 @@ def determinism(device, versions, dtype: torch.dtype = torch.float32, runs: int 
     return out
 
 
-@build.frozen()   # timed calls go through the wrappers: no source-file check per call (it was in the checked time)
 def check_cost(device, dtype: torch.dtype = torch.float32, dist: str = "uniform", versions=("v3", "v4"),
                tokens: int = GOAL_TOKENS, dim: int = GOAL_DIM, vocab: int = VOCAB) -> list[dict]:
     """Eager time of forward and backward v3/v4 (default: at the goal shape) with the index check on (a ValueError

@@ -72,7 +72,7 @@ def host_us(step: Callable[[], object], reps: int = 20) -> float:
     return sorted(out)[len(out) // 2]
 
 
-@build.frozen()   # the lab's wrappers timed without their per-call source-file check
+@build.frozen()   # (lab.timing is frozen; host_us's own loop calls the wrappers too: no file check there either)
 def bench_param_list(op: str, shapes: list[tuple[int, ...]], device, record: bool = True, quick: bool = False,
                      compile_step: bool = True) -> list[dict]:
     """Time one AdamW step over the parameter list `shapes` (fp32) for every variant: torch's for-loop, foreach and

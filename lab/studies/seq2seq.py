@@ -15,7 +15,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
-from .. import build, profile, registry, results
+from .. import profile, registry, results
 from ..kernels import gru as kgru
 from ..models.seq2seq import Config, LabSeq2Seq, Seq2Seq, build_model, random_src
 from ..plot import save_figure   # (lab.plot picks matplotlib's backend: Agg outside a notebook)
@@ -33,7 +33,6 @@ def _row(op: str, version: str, batch: int, t, base_us: float | None, device, no
             "speedup": base_us / t.median_us if base_us else None, "note": note, **results.stamp(device)}
 
 
-@build.frozen()   # the lab's wrappers timed without their per-call source-file check
 def _bench(name: str, fns: dict, batch: int, device, note: str) -> list[dict]:
     """Time each fn eagerly and (on the GPU) replayed from a CUDA graph, the L2 flushed before every repetition;
     speedups against the reference in the same launch mode."""

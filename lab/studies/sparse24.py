@@ -8,7 +8,7 @@ semi-structured F.linear goes (the family itself, the API, reference and Ops: la
 """
 from __future__ import annotations
 
-from .. import build, profile, results
+from .. import profile, results
 from ..kernels.sparse24 import FAMILY, FC_OUT, SQUARE
 from ..timing import time_cuda
 
@@ -91,7 +91,6 @@ def against(rows: list[dict], op: str = "linear", dtype: str = GOAL_DTYPE, mode:
     return "\n".join(lines)
 
 
-@build.frozen()   # the lab's wrappers timed without their per-call source-file check
 def call_vs_kernels(fn, label: str, reps: int = 20) -> dict:
     """A call (a baseline's, or the lab's through its wrapper) timed as the benchmarks time it (the larger of the GPU's and the host's time a repetition,
     lab.timing) beside the device time of the kernels it launches (the profiler's GPU events): where they differ, the
