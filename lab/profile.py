@@ -666,32 +666,58 @@ def kernel_bound(row: dict) -> str:
     return "memory" if dram >= max(sm, tc) else "compute"
 
 
+def kernel_totals(rows: list[dict], time_key: str, launches_key: str | None = None) -> list[dict]:
+    """One version's rows grouped by kernel (the full demangled name: one identifier, every launch of it), longest
+    total first. Each entry: kernel, launches (rows, one per launch in ncu.csv; or the sum of launches_key, for
+    profiles.csv's per-kernel rows), total (sum of time_key), and the ncu percentages averaged over its
+    launches weighted by their time, so a kernel launched 30 times (GRU v2's step kernel, cuDNN's) is one kernel, not
+    its longest single launch."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r.get("kernel") or "?", []).append(r)
+    out = []
+    for kernel, rs in groups.items():
+        ts = [r.get(time_key) or 0.0 for r in rs]
+        total = sum(ts)
+        launches = round(sum(r.get(launches_key) or 0 for r in rs)) if launches_key else len(rs)
+        entry = {"kernel": kernel, "launches": launches, "total": total, "commit": rs[0].get("commit")}
+        for k in ("dram_pct", "sm_pct", "tensor_pct"):
+            vals = [(r.get(k), t) for r, t in zip(rs, ts) if r.get(k) is not None]
+            wsum = sum(t for _, t in vals)
+            entry[k] = (sum(v * t for v, t in vals) / wsum if wsum else
+                        (sum(v for v, _ in vals) / len(vals) if vals else None))
+        out.append(entry)
+    return sorted(out, key=lambda e: -e["total"])
+
+
 def dominant_kernel_line(family: str, op: str, device_name: str | None = None, dtype: str | None = None,
                          shape: str | None = None) -> str:
-    """Per version (newest ncu run of each), the kernel that takes most of its time and what bounds it, one line
-    each, from results/<device>/ncu.csv; where a version has no ncu rows, from profiles.csv (time share only, bound
-    not measured). One device, dtype and shape (case_of over both tables: as given, else the newest row's), so a
-    version profiled at another shape before does not answer for this one. Says so when neither table has rows."""
+    """Per version (newest ncu run of each), the kernel that takes most of its time, summed over all its launches,
+    and what bounds it (its launches' ncu percentages weighted by time), one line each, from results/<device>/ncu.csv;
+    where a version has no ncu rows, from profiles.csv (time share only, bound not measured). One device, dtype and
+    shape (case_of over both tables: as given, else the newest row's), so a version profiled at another shape before
+    does not answer for this one. Says so when neither table has rows."""
     ncu_all, prof_all = read_ncu(family=family, op=op), read_profiles(family=family, op=op)
     case = case_of(ncu_all + prof_all, device_name, dtype, shape)     # one case for both tables
     lines = []
     ncu_rows = newest_runs(ncu_all, *case)
+
+    def head(version: str, top: dict, total: float) -> str:
+        share = 100 * top["total"] / total if total else 0.0
+        return (f"{version:<12} {short_kernel_name(top['kernel'], 34):<34} {top['launches']:3d}x {top['total']:9.2f} us "
+                f"({share:3.0f}% of {total:.2f} us)")
+
     for version, rs in ncu_rows.items():
-        total = sum(r["duration_us"] or 0.0 for r in rs)
-        top = max(rs, key=lambda r: r["duration_us"] or 0.0)
-        share = 100 * (top["duration_us"] or 0.0) / total if total else 0.0
-        lines.append(f"{version:<12} {short_kernel_name(top['kernel'] or '?', 34):<34} {top['duration_us']:8.2f} us "
-                     f"({share:3.0f}% of {total:.2f} us)  DRAM {top.get('dram_pct') or 0:4.0f}%  SM "
-                     f"{top.get('sm_pct') or 0:4.0f}%  TC {top.get('tensor_pct') or 0:4.0f}%  -> "
-                     f"{kernel_bound(top)}-bound (ncu {top['commit']})")
+        kernels = kernel_totals(rs, "duration_us")
+        top, total = kernels[0], sum(k["total"] for k in kernels)
+        lines.append(f"{head(version, top, total)}  DRAM {top['dram_pct'] or 0:4.0f}%  SM {top['sm_pct'] or 0:4.0f}%  "
+                     f"TC {top['tensor_pct'] or 0:4.0f}%  -> {kernel_bound(top)}-bound (ncu {top['commit']})")
     for version, rs in newest_runs(prof_all, *case).items():
         if version in ncu_rows:
             continue
-        total = sum(r["us_per_call"] or 0.0 for r in rs)
-        top = max(rs, key=lambda r: r["us_per_call"] or 0.0)
-        share = 100 * (top["us_per_call"] or 0.0) / total if total else 0.0
-        lines.append(f"{version:<12} {short_kernel_name(top['kernel'] or '?', 34):<34} {top['us_per_call']:8.2f} us "
-                     f"({share:3.0f}% of {total:.2f} us)  bound not measured (no ncu rows; python -m lab profile "
+        kernels = kernel_totals(rs, "us_per_call", "calls_per_call")
+        top, total = kernels[0], sum(k["total"] for k in kernels)
+        lines.append(f"{head(version, top, total)}  bound not measured (no ncu rows; python -m lab profile "
                      f"{family} --op {op} --ncu)")
     if not lines:
         return (f"{family}.{op}: no recorded profile rows (python -m lab profile {family} --op {op}, on a GPU "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import env, profile
+from lab import env, profile, results
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE = FIXTURES / "ncu_details_long.csv"
@@ -224,6 +224,26 @@ def test_the_dominant_kernel_and_its_bound_are_read_from_recorded_rows(tmp_path,
     assert "bound not measured" in lines[-1] and "100% of 7.50 us" in lines[-1]
     assert "no recorded profile rows" in profile.dominant_kernel_line("embedding", "backward")
     assert profile.dominant_kernel_line("embedding", "forward", shape="tokens=7").split()[0] == "v8"
+
+
+def test_the_dominant_kernel_sums_its_launches(tmp_path, monkeypatch):
+    """A kernel launched many times (a per-step kernel) outweighs one longer single launch: kernels are grouped by
+    name, their times summed, their ncu percentages averaged weighted by time."""
+    monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path))
+    base = {"family": "gru", "op": "forward", "role": "ours", "version": "v2", "shape": "batch=1", "dtype": "float32",
+            "precision": "float32", "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "mode": "ncu",
+            "category": "ours", "commit": "abc", "run_id": "r", "timestamp": "2026-01-01T00:00:00"}
+    rows = [{**base, "launch": i, "kernel": "void gru_step(float*)", "duration_us": 4.0, "dram_pct": d,
+             "sm_pct": 10.0, "tensor_pct": 0.0} for i, d in enumerate((90.0, 70.0, 80.0))]
+    rows.append({**base, "launch": 3, "kernel": "void gemm_big(float*)", "duration_us": 10.0, "dram_pct": 5.0,
+                 "sm_pct": 90.0, "tensor_pct": 0.0})
+    results.append(rows, columns=profile.NCU_COLUMNS, name=profile.NCU)
+    (line,) = profile.dominant_kernel_line("gru", "forward").splitlines()
+    assert "gru_step" in line and "  3x     12.00 us" in line and "( 55% of 22.00 us)" in line, line
+    assert "DRAM   80%" in line and "memory-bound" in line, line
+    kernels = profile.kernel_totals(rows, "duration_us")
+    assert [(k["kernel"], k["launches"], k["total"]) for k in kernels] == [
+        ("void gru_step(float*)", 3, 12.0), ("void gemm_big(float*)", 1, 10.0)]
 
 
 def test_ours_and_baseline_keeps_our_versions_and_the_ratio_baseline_only():
