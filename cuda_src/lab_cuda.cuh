@@ -29,6 +29,16 @@ inline int smem_optin() {
   return bytes[dev];
 }
 
+// Threads one SM can hold at once (cached per device): 2048 on an H100.
+inline int max_threads_per_sm() {
+  static int threads[64] = {0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) return 2048;
+  if (!threads[dev]) cudaDeviceGetAttribute(&threads[dev], cudaDevAttrMaxThreadsPerMultiProcessor, dev);
+  return threads[dev];
+}
+
 // Grid for a grid-stride loop over `items` with `block` threads: a few waves of blocks per SM keeps every SM busy
 // and amortises block start-up; never more blocks than there is work.
 inline unsigned grid_stride_blocks(int64_t items, int block, int blocks_per_sm = 4) {

@@ -10,6 +10,8 @@
 //   square/vector_add v1: one thread per element — the classic first kernel.
 //   square/vector_add v2: 16-byte loads (float4/double2) in a grid-stride loop — fewer, wider memory instructions
 //                         and no block-launch tail; the scalar v1 path takes misaligned pointers.
+//   vector_add v3: the grid fills every thread slot of every SM (v2 caps it at half) and each thread has two 16-byte
+//                  loads per operand in flight — the target set by Triton's faster kernel (notebook 01).
 //   stencil_1d v1: each thread reads its 7 inputs from global memory (L1/L2 absorb the 7x re-read).
 //   stencil_1d v2: the block stages its input tile plus a 3-wide halo on each side in shared memory once;
 //                  the 7 reads per output then hit shared memory (__syncthreads between load and use).
