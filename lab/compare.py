@@ -66,21 +66,25 @@ HOST_COUNTED_SINCE = ("de761d0", "2026-11-25T03:34:37")
 
 def explain(entries: list[dict], tolerance: float = 0.05) -> list[dict]:
     """Each slower entry gets `why`: 'machine' when a PyTorch baseline of the same measurement (device, op, dtype,
-    shape, mode) moved at least as much between the same two runs (clocks, the lent VM's host: not our code);
+    shape, mode) moved at least as much between the same two runs, as a ratio or in microseconds (clocks, the lent
+    VM's host, a launch latency: not our code);
     'host' when the kernels ran as fast and what grew is the host's time to issue the call, which a repetition counts
     since de761d0 (lab/timing.py: the larger of GPU and host time) -- read from the GPU's part of the new row (gpu_us)
-    against the base's (its gpu_us, or its whole time if timed before de761d0), or for an eager row from the same
+    against the base's (its gpu_us, or its whole time if timed before de761d0; where a base row since de761d0 has no
+    gpu_us, its whole time bounds its GPU part from above, so a new GPU part at or below it counts), or for an eager row from the same
     run's graph row of the call (not slower than the base eager row, or compared with the base's graph row and not
     slower; a replay also drops the gaps between a call's kernels, so for a call of several kernels this reading is
     the weaker one); 'rule' when the base row was timed before de761d0 and a baseline of the same measurement got
     slower too (the shape is host-bound under today's rule, ours by its own host time); '' when none of these
     explains it. Returns the entries."""
     moves: dict[tuple, list[float]] = {}
+    shifts: dict[tuple, list[float]] = {}
     graph: dict[tuple, dict] = {}
     for e in entries:
         k = (e["device_name"], e["family"], e["op"], e["dtype"], e["shape"])
         if e["version"].startswith(BASELINE_PREFIXES):
             moves.setdefault(k + (e["mode"],), []).append(e["ratio"])
+            shifts.setdefault(k + (e["mode"],), []).append(e["new_us"] - e["base_us"])
         if e["mode"] == "graph":
             graph[k + (e["version"],)] = e
     for e in entries:
@@ -90,8 +94,17 @@ def explain(entries: list[dict], tolerance: float = 0.05) -> list[dict]:
         k = (e["device_name"], e["family"], e["op"], e["dtype"], e["shape"])
         if any(m * (1 + tolerance) >= e["ratio"] for m in moves.get(k + (e["mode"],), [])):
             e["why"] = "machine"
+        elif any(d > 0 and d * (1 + tolerance) >= e["new_us"] - e["base_us"] for d in shifts.get(k + (e["mode"],), [])):
+            # a baseline of the same measurement grew by as many microseconds: a fixed cost per call moved (a graph
+            # replay's or a launch's latency on another host), which reads as a larger ratio on a shorter call
+            e["why"] = "machine"
         elif (e.get("gpu_us") is not None and e.get("base_gpu_us") is not None
               and e["gpu_us"] <= e["base_gpu_us"] * (1 + tolerance)):
+            e["why"] = "host"
+        elif e.get("gpu_us") is not None and e.get("base_gpu_us") is None and e["gpu_us"] <= e["base_us"] * (1 + tolerance):
+            # a base row timed since de761d0 but before rows kept their GPU part: a repetition is the larger of GPU
+            # and host time, so the base's whole time bounds its GPU part from above; a GPU part at or below it now
+            # means the kernels did not get slower and the growth is host time
             e["why"] = "host"
         elif e["mode"] == "events" and (
                 (e.get("graph_us") is not None and e["graph_us"] <= e["base_us"] * (1 + tolerance))

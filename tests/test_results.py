@@ -229,14 +229,17 @@ def test_compare_explains_a_slowdown_by_the_baselines_the_graph_row_or_the_timin
             row("torch", *before, 10, shape="n=3"), row("torch", *new, 13, shape="n=3"),
             row("v1", *old, 10, shape="n=4"), row("v1", *new, 20, shape="n=4"),          # unexplained
             row("torch", *old, 10, shape="n=4"), row("torch", *new, 10, shape="n=4"),
-            row("v1", *before, 10, shape="n=5"), dict(row("v1", *new, 20, shape="n=5"), gpu_us="10.2")]  # GPU part
+            row("v1", *before, 10, shape="n=5"), dict(row("v1", *new, 20, shape="n=5"), gpu_us="10.2"),  # GPU part
+            # a base since the rule without gpu_us: its whole time bounds its GPU part (n=6 within it, n=7 above it)
+            row("v1", *old, 10, shape="n=6"), dict(row("v1", *new, 20, shape="n=6"), gpu_us="3"),
+            row("v1", *old, 10, shape="n=7"), dict(row("v1", *new, 20, shape="n=7"), gpu_us="19")]
     es = compare.explain(compare.compare(rows, new="n"))
     why = {e["shape"]: e["why"] for e in es if e["version"] == "v1"}
-    assert why == {"n=1": "machine", "n=2": "host", "n=3": "rule", "n=4": "", "n=5": "host"}
+    assert why == {"n=1": "machine", "n=2": "host", "n=3": "rule", "n=4": "", "n=5": "host", "n=6": "host", "n=7": ""}
     text = compare.report(es)
-    assert "of ours: 1 unexplained, 1 where a baseline moved as much (machine), 2 whose GPU part or graph row is " \
+    assert "of ours: 2 unexplained, 1 where a baseline moved as much (machine), 3 whose GPU part or graph row is " \
            "steady (host time), 1 timed before de761d0 where a baseline got slower too (rule)" in text
-    assert text.splitlines()[1].split()[1:3] == ["basics.square", "v1"] and "n=4" in text.splitlines()[1]   # first
+    assert text.splitlines()[1].split()[1:3] == ["basics.square", "v1"] and "n=" in text.splitlines()[1]   # first
 
 
 def test_a_table_written_before_columns_were_added_is_upgraded_not_shifted(tmp_path):
