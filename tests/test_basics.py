@@ -18,28 +18,30 @@ def test_every_version_matches_reference(op, device):
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4"])
 def test_vectorised_versions_take_misaligned_views(version):
     # x[1:] is contiguous but 4 bytes past a 16-byte boundary: v2/v3 must fall back, not fault or misread
     g = torch.Generator().manual_seed(0)
     base = torch.randn(4099, generator=g).cuda()
     x, b = base[1:], base.flip(0)[1:].contiguous()
-    if version != "v3":                                  # (square's ladder stops at v2)
+    if version in ("v1", "v2"):                          # (square's ladder stops at v2)
         torch.testing.assert_close(basics.square(x, version=version), x * x, rtol=0, atol=0)
     torch.testing.assert_close(basics.vector_add(x, b, version=version), x + b, rtol=0, atol=0)
 
 
 @needs_gpu
+@pytest.mark.parametrize("version", ["v3", "v4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_vector_add_v3_over_many_grid_trips(dtype):
-    # n past several full grids (132 SMs x 2048 threads x 2 vectors per trip) and not a multiple of the vector width:
-    # the second load of a trip, later trips and the scalar tail all run; the output is poisoned first
-    n = (1 << 23) + 5
-    g = torch.Generator().manual_seed(1)
-    a, b = (torch.randn(n, generator=g, dtype=dtype).cuda() for _ in range(2))
-    out = torch.full((n,), float("nan"), dtype=dtype, device="cuda")
-    basics.vector_add(a, b, out=out, version="v3")
-    torch.testing.assert_close(out, a + b, rtol=0, atol=0)
+def test_vector_add_large_and_ragged(version, dtype):
+    # v3: n past several full grids (132 SMs x 2048 threads x 2 vectors per trip), so the second load of a trip and
+    # later trips run; v4: a last tile partly filled; both: n not a multiple of the vector width (the scalar tail).
+    # The output is poisoned first
+    for n in ((1 << 23) + 5, 1023, 1025 + 2):
+        g = torch.Generator().manual_seed(n)
+        a, b = (torch.randn(n, generator=g, dtype=dtype).cuda() for _ in range(2))
+        out = torch.full((n,), float("nan"), dtype=dtype, device="cuda")
+        basics.vector_add(a, b, out=out, version=version)
+        torch.testing.assert_close(out, a + b, rtol=0, atol=0)
 
 
 @needs_gpu

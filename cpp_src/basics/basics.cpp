@@ -61,7 +61,7 @@ at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b, at::Tensor out, 
   LAB_CHECK_VALUE(a.sizes() == b.sizes(), "b must have the same shape as a = ", lab::shape_str(a.sizes()),
                     ", got ", lab::shape_str(b.sizes()), " (vector_add does not broadcast)");
   lab::check_out(out, "out", a, a.sizes(), "like a");
-  lab::check_version(a, "a", version, 1, 3, "vector_add");
+  lab::check_version(a, "a", version, 1, 4, "vector_add");
   const int64_t n = a.numel();
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "vector_add", [&] {
     if (a.is_cuda()) {

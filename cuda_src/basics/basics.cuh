@@ -12,6 +12,8 @@
 //                         and no block-launch tail; the scalar v1 path takes misaligned pointers.
 //   vector_add v3: the grid fills every thread slot of every SM (v2 caps it at half) and each thread has two 16-byte
 //                  loads per operand in flight — the target set by Triton's faster kernel (notebook 01).
+//   vector_add v4: no grid-stride loop: one 128-thread block per contiguous 1024-float tile, two 16-byte loads per
+//                  operand per thread (Triton's and torch.add's shape; v3 showed resident threads were not the bound).
 //   stencil_1d v1: each thread reads its 7 inputs from global memory (L1/L2 absorb the 7x re-read).
 //   stencil_1d v2: the block stages its input tile plus a 3-wide halo on each side in shared memory once;
 //                  the 7 reads per output then hit shared memory (__syncthreads between load and use).

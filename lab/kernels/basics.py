@@ -115,7 +115,8 @@ OPS = [
        formula="GB/s = 2·n·sizeof(dtype) / time (read x, write y)", size_key="n"),
     Op(FAMILY, "vector_add", _n_inputs(2), vector_add_ref,
        _kernel_versions(vector_add, {"v1": "one thread per element", "v2": "16-byte loads in a grid-stride loop",
-                                     "v3": "grid fills every SM, two 16-byte loads in flight per operand"})
+                                     "v3": "grid fills every SM, two 16-byte loads in flight per operand",
+                                     "v4": "no grid-stride loop: one block per 1024-float tile"})
        + [Version("torch", torch.add, "any", "torch.add", baseline=True, takes_out=False, check=False),
           _triton.version(vector_add_triton, "Triton: one masked 1024-element block per program "
                           "(lab/kernels/_triton/basics.py)")],
