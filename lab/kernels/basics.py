@@ -27,8 +27,8 @@ def ext():
     return build.load(FAMILY)
 
 
-def _default(x: torch.Tensor) -> str:
-    return "v2" if x.is_cuda else "cpu"
+def _default(x: torch.Tensor, cuda: str = "v2") -> str:
+    return cuda if x.is_cuda else "cpu"
 
 
 # ---- wrappers ---------------------------------------------------------------------------------------------------
@@ -42,7 +42,8 @@ def vector_add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
                version: str | None = None) -> torch.Tensor:
     """out = a + b (same shape, no broadcasting)."""
     out = torch.empty_like(a) if out is None else out
-    return ext().vector_add(a, b, out, version_number(version or _default(a)))
+    # v4: level with torch.add and Triton at 2^26-2^28 on the H100 where v2 is not (notebook 01, results/)
+    return ext().vector_add(a, b, out, version_number(version or _default(a, "v4")))
 
 
 def stencil_1d(x: torch.Tensor, out: torch.Tensor | None = None, version: str | None = None) -> torch.Tensor:
