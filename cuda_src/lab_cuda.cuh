@@ -9,35 +9,24 @@
 
 namespace lab {
 
-// Multiprocessor count of the current device (cached per device; asked once, costs ~1 us after that).
-inline int sm_count() {
-  static int counts[64] = {0};
+// One integer attribute of the current device, cached per device (asked once, ~1 us after that); `fallback` where
+// the device index is out of the cache's range.
+template <cudaDeviceAttr Attr>
+inline int device_attr(int fallback) {
+  static int values[64] = {0};
   int dev = 0;
   cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) return 132;
-  if (!counts[dev]) cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev);
-  return counts[dev];
+  if (dev < 0 || dev >= 64) return fallback;
+  if (!values[dev]) cudaDeviceGetAttribute(&values[dev], Attr, dev);
+  return values[dev];
 }
 
-// Shared memory a block may opt in to on the current device (cached per device): 227 KB on an H100.
-inline int smem_optin() {
-  static int bytes[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) return 227 * 1024;
-  if (!bytes[dev]) cudaDeviceGetAttribute(&bytes[dev], cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  return bytes[dev];
-}
-
-// Threads one SM can hold at once (cached per device): 2048 on an H100.
-inline int max_threads_per_sm() {
-  static int threads[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) return 2048;
-  if (!threads[dev]) cudaDeviceGetAttribute(&threads[dev], cudaDevAttrMaxThreadsPerMultiProcessor, dev);
-  return threads[dev];
-}
+// Multiprocessor count: 132 on an H100 SXM.
+inline int sm_count() { return device_attr<cudaDevAttrMultiProcessorCount>(132); }
+// Shared memory a block may opt in to: 227 KB on an H100.
+inline int smem_optin() { return device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(227 * 1024); }
+// Threads one SM can hold at once: 2048 on an H100.
+inline int max_threads_per_sm() { return device_attr<cudaDevAttrMaxThreadsPerMultiProcessor>(2048); }
 
 // Grid for a grid-stride loop over `items` with `block` threads: a few waves of blocks per SM keeps every SM busy
 // and amortises block start-up; never more blocks than there is work.

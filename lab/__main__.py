@@ -157,6 +157,10 @@ def cmd_bench(args) -> int:
                     sel = [r for r in rows if r["dtype"] == dt]
                     print(bench.compare_table(sel))
                     print(bench.summary_table(sel) + "\n")
+            elif not (args.extra and not args.op):
+                named = f" of {', '.join(args.version)}" if args.version else ""
+                print(f"[lab] {fam.name}.{op.name}: no version{named} runs on {dev.type}"
+                      + (" (the CUDA versions need a GPU)" if dev.type != "cuda" else "") + ": nothing timed")
         if not args.op:
             rows, failed = steps.extras(fam, dev, record=not args.dry, only=args.extra)
             broken += failed
@@ -320,6 +324,8 @@ def main(argv=None) -> int:
     sp.add_argument("--tolerance", type=float, default=0.05, help="slower = median above base by more than this "
                     "fraction, with the p20-p80 bands apart (default 0.05)")
     sp.add_argument("--top", type=int, default=20, help="lines to print")
+    sp.add_argument("--rerun", action="store_true", help="also print the `lab bench` commands that time the "
+                    "unexplained rows again (run them alone on the base's kind of machine, then compare again)")
     sp = sub.add_parser("report", help="build, check, bench, profile and plot everything this machine can run")
     sp.add_argument("families", nargs="*")
     sp.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")

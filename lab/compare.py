@@ -149,9 +149,28 @@ def report(entries: list[dict], top: int = 20, tolerance: float = 0.05) -> str:
     return "\n".join(lines)
 
 
+def rerun_commands(entries: list[dict]) -> list[str]:
+    """The `python -m lab bench` commands that time the unexplained slower rows of ours again (one per family, op,
+    dtype and shape, its versions named; the ratio baselines are timed beside them, as always): run them on the
+    base's kind of machine, alone, then compare again -- a row that is back is the machine's, one that is not is ours."""
+    todo: dict[tuple, list[str]] = {}
+    for e in entries:
+        if e["slower"] and not e["why"] and not e["version"].startswith(BASELINE_PREFIXES):
+            vs = todo.setdefault((e["family"], e["op"], e["dtype"], e["shape"]), [])
+            if e["version"] not in vs:
+                vs.append(e["version"])
+    return [f"python -m lab bench {fam} --op {op} --dtype {dt} --size {shape.replace(' ', ',')} "
+            + " ".join(f"--version {v}" for v in vs) for (fam, op, dt, shape), vs in todo.items()]
+
+
 def main(args) -> int:
     entries = compare(results.read(), args.new, args.base, args.tolerance)
     print(report(entries, args.top, args.tolerance))
+    if getattr(args, "rerun", False):
+        cmds = rerun_commands(entries)
+        print(f"\n{len(cmds)} command(s) that time the unexplained rows again:" if cmds else
+              "\nnothing unexplained to time again")
+        print("\n".join(cmds))
     # exit 1 for a slowdown of ours that `explain` does not account for (machine, host or rule)
     return 1 if any(e["slower"] and not e["version"].startswith(BASELINE_PREFIXES) and not e["why"]
                     for e in entries) else 0

@@ -53,3 +53,15 @@ def test_bench_checks_a_version_before_timing_it(faulty, capsys):
     assert "faulty.scale: not timed, wrong on the check shapes: wrong" in out
     timed = [ln for ln in out.splitlines() if ln.startswith("[lab] (")]
     assert any(" cpu " in ln for ln in timed) and not any(" wrong " in ln for ln in timed), timed
+
+
+def test_bench_of_versions_that_cannot_run_here_says_so():
+    """`lab compare --rerun` prints bench commands for GPU rows; typed on a machine without a GPU (or naming versions
+    that do not run here) the command says nothing was timed and why, instead of printing nothing."""
+    from lab.__main__ import main
+    import contextlib, io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["bench", "basics", "--op", "vector_add", "--device", "cpu", "--dry", "--version", "v4"]) == 0
+    assert "[lab] basics.vector_add: no version of v4 runs on cpu (the CUDA versions need a GPU): nothing timed" \
+        in buf.getvalue()

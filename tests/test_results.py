@@ -240,6 +240,10 @@ def test_compare_explains_a_slowdown_by_the_baselines_the_graph_row_or_the_timin
     assert "of ours: 2 unexplained, 1 where a baseline moved as much (machine), 3 whose GPU part or graph row is " \
            "steady (host time), 1 timed before de761d0 where a baseline got slower too (rule)" in text
     assert text.splitlines()[1].split()[1:3] == ["basics.square", "v1"] and "n=" in text.splitlines()[1]   # first
+    # the unexplained rows (n=4, n=7) as `lab bench` commands, one per measurement; the explained ones not
+    assert sorted(compare.rerun_commands(es)) == [
+        "python -m lab bench basics --op square --dtype float32 --size n=4 --version v1",
+        "python -m lab bench basics --op square --dtype float32 --size n=7 --version v1"]
 
 
 def test_a_table_written_before_columns_were_added_is_upgraded_not_shifted(tmp_path):
