@@ -139,7 +139,10 @@ cudaError_t launch_wgmma_bn(const T* x, const T* w, const T* b, T* y, int M, int
 }
 
 // v11: 128x256 tiles when they fill the GPU, else 128x128 (twice the blocks: fc_out at M = 128 has 24 tiles of
-// 256 columns for 132 SMs). TMA needs 16-byte aligned rows: otherwise the mma.sync kernel of the same precision,
+// 256 columns for 132 SMs). Where even 128x128 tiles leave SMs idle (1024^3: 8 x 8 = 64 tiles, one 384-thread block
+// per SM for 132 SMs) Nsight Compute times Triton's TF32 kernel below this one (results/<device>/ncu.csv: its autotuner
+// picks 64x128 tiles of 4 warps there, 128 programs). The next rung's target: 64-row tiles, or a split of K, wherever
+// 128x128 tiles number fewer than the SMs. TMA needs 16-byte aligned rows: otherwise the mma.sync kernel of the same precision,
 // which lives in its own unit (v10.cu): the binding sends such operands there (the same test, tma_ok in
 // cpp_src/linear/linear.cpp), so this launcher refuses them.
 template <class T>
