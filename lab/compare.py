@@ -58,6 +58,8 @@ def compare(rows: list[dict], new: str | None = None, base: str | None = None, t
     return sorted(out, key=lambda e: -e["ratio"])
 
 
+# a baseline's shift in microseconds explains ours only where its base time is at most this many times ours
+SHIFT_SCALE = 4.0
 BASELINE_PREFIXES = ("torch", "cublas", "cudnn", "triton", "cusparselt", "reference")
 # the commit from which a repetition's time is the larger of the GPU's and the host's (lab/timing.py); rows timed
 # before it counted the GPU's time alone, so a call that is host-bound today read faster then
@@ -84,7 +86,8 @@ def explain(entries: list[dict], tolerance: float = 0.05) -> list[dict]:
         k = (e["device_name"], e["family"], e["op"], e["dtype"], e["shape"])
         if e["version"].startswith(BASELINE_PREFIXES):
             moves.setdefault(k + (e["mode"],), []).append(e["ratio"])
-            shifts.setdefault(k + (e["mode"],), []).append(e["new_us"] - e["base_us"])
+            if e["ratio"] > 1 + tolerance:   # a baseline that itself got slower: its shift is a move, not noise
+                shifts.setdefault(k + (e["mode"],), []).append((e["new_us"] - e["base_us"], e["base_us"]))
         if e["mode"] == "graph":
             graph[k + (e["version"],)] = e
     for e in entries:
@@ -94,9 +97,11 @@ def explain(entries: list[dict], tolerance: float = 0.05) -> list[dict]:
         k = (e["device_name"], e["family"], e["op"], e["dtype"], e["shape"])
         if any(m * (1 + tolerance) >= e["ratio"] for m in moves.get(k + (e["mode"],), [])):
             e["why"] = "machine"
-        elif any(d > 0 and d * (1 + tolerance) >= e["new_us"] - e["base_us"] for d in shifts.get(k + (e["mode"],), [])):
-            # a baseline of the same measurement grew by as many microseconds: a fixed cost per call moved (a graph
-            # replay's or a launch's latency on another host), which reads as a larger ratio on a shorter call
+        elif any(d * (1 + tolerance) >= e["new_us"] - e["base_us"] and b <= SHIFT_SCALE * e["base_us"]
+                 for d, b in shifts.get(k + (e["mode"],), [])):
+            # a baseline of the same measurement, a call of the same scale, got slower by as many microseconds: a
+            # fixed cost per call moved (a graph replay's or a launch's latency on another host), which reads as a
+            # larger ratio on the shorter call. (A long baseline's few percent cannot explain a short call's growth.)
             e["why"] = "machine"
         elif (e.get("gpu_us") is not None and e.get("base_gpu_us") is not None
               and e["gpu_us"] <= e["base_gpu_us"] * (1 + tolerance)):

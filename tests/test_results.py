@@ -232,18 +232,26 @@ def test_compare_explains_a_slowdown_by_the_baselines_the_graph_row_or_the_timin
             row("v1", *before, 10, shape="n=5"), dict(row("v1", *new, 20, shape="n=5"), gpu_us="10.2"),  # GPU part
             # a base since the rule without gpu_us: its whole time bounds its GPU part (n=6 within it, n=7 above it)
             row("v1", *old, 10, shape="n=6"), dict(row("v1", *new, 20, shape="n=6"), gpu_us="3"),
-            row("v1", *old, 10, shape="n=7"), dict(row("v1", *new, 20, shape="n=7"), gpu_us="19")]
+            row("v1", *old, 10, shape="n=7"), dict(row("v1", *new, 20, shape="n=7"), gpu_us="19"),
+            # a fixed cost per call: torch (same scale) grew by as many us, a smaller ratio (n=8: machine); a long
+            # baseline's few percent as many us explains nothing (n=9)
+            row("v1", *old, 5, shape="n=8"), row("v1", *new, 7, shape="n=8"),
+            row("torch", *old, 15, shape="n=8"), row("torch", *new, 17, shape="n=8"),
+            row("v1", *old, 5, shape="n=9"), row("v1", *new, 10, shape="n=9"),
+            row("torch", *old, 100, shape="n=9"), row("torch", *new, 106, shape="n=9")]
     es = compare.explain(compare.compare(rows, new="n"))
     why = {e["shape"]: e["why"] for e in es if e["version"] == "v1"}
-    assert why == {"n=1": "machine", "n=2": "host", "n=3": "rule", "n=4": "", "n=5": "host", "n=6": "host", "n=7": ""}
+    assert why == {"n=1": "machine", "n=2": "host", "n=3": "rule", "n=4": "", "n=5": "host", "n=6": "host", "n=7": "",
+                   "n=8": "machine", "n=9": ""}
     text = compare.report(es)
-    assert "of ours: 2 unexplained, 1 where a baseline moved as much (machine), 3 whose GPU part or graph row is " \
+    assert "of ours: 3 unexplained, 2 where a baseline moved as much (machine), 3 whose GPU part or graph row is " \
            "steady (host time), 1 timed before de761d0 where a baseline got slower too (rule)" in text
     assert text.splitlines()[1].split()[1:3] == ["basics.square", "v1"] and "n=" in text.splitlines()[1]   # first
     # the unexplained rows (n=4, n=7) as `lab bench` commands, one per measurement; the explained ones not
     assert sorted(compare.rerun_commands(es)) == [
         "python -m lab bench basics --op square --dtype float32 --size n=4 --version v1",
-        "python -m lab bench basics --op square --dtype float32 --size n=7 --version v1"]
+        "python -m lab bench basics --op square --dtype float32 --size n=7 --version v1",
+        "python -m lab bench basics --op square --dtype float32 --size n=9 --version v1"]
 
 
 def test_a_table_written_before_columns_were_added_is_upgraded_not_shifted(tmp_path):
