@@ -73,14 +73,14 @@ def explain(entries: list[dict], tolerance: float = 0.05) -> list[dict]:
     'host' when the kernels ran as fast and what grew is the host's time to issue the call, which a repetition counts
     since de761d0 (lab/timing.py: the larger of GPU and host time) -- read from the GPU's part of the new row (gpu_us)
     against the base's (its gpu_us, or its whole time if timed before de761d0; where a base row since de761d0 has no
-    gpu_us, its whole time bounds its GPU part from above, so a new GPU part at or below it counts), or for an eager row from the same
-    run's graph row of the call (not slower than the base eager row, or compared with the base's graph row and not
-    slower; a replay also drops the gaps between a call's kernels, so for a call of several kernels this reading is
-    the weaker one); 'rule' when the base row was timed before de761d0 and a baseline of the same measurement got
+    gpu_us, its whole time bounds its GPU part from above, so a new GPU part at or below it counts), or for an eager
+    row from the same run's graph row of the call (not slower than the base eager row, or compared with the base's
+    graph row and not slower; a replay also drops the gaps between a call's kernels, so for a call of several kernels
+    this reading is the weaker one); 'rule' when the base row was timed before de761d0 and a baseline of the same measurement got
     slower too (the shape is host-bound under today's rule, ours by its own host time); '' when none of these
     explains it. Returns the entries."""
     moves: dict[tuple, list[float]] = {}
-    shifts: dict[tuple, list[float]] = {}
+    shifts: dict[tuple, list[tuple[float, float]]] = {}   # (microseconds it grew by, its base time)
     graph: dict[tuple, dict] = {}
     for e in entries:
         k = (e["device_name"], e["family"], e["op"], e["dtype"], e["shape"])
@@ -106,7 +106,8 @@ def explain(entries: list[dict], tolerance: float = 0.05) -> list[dict]:
         elif (e.get("gpu_us") is not None and e.get("base_gpu_us") is not None
               and e["gpu_us"] <= e["base_gpu_us"] * (1 + tolerance)):
             e["why"] = "host"
-        elif e.get("gpu_us") is not None and e.get("base_gpu_us") is None and e["gpu_us"] <= e["base_us"] * (1 + tolerance):
+        elif (e.get("gpu_us") is not None and e.get("base_gpu_us") is None
+              and e["gpu_us"] <= e["base_us"] * (1 + tolerance)):
             # a base row timed since de761d0 but before rows kept their GPU part: a repetition is the larger of GPU
             # and host time, so the base's whole time bounds its GPU part from above; a GPU part at or below it now
             # means the kernels did not get slower and the growth is host time
@@ -157,7 +158,10 @@ def report(entries: list[dict], top: int = 20, tolerance: float = 0.05) -> str:
 def rerun_commands(entries: list[dict]) -> list[str]:
     """The `python -m lab bench` commands that time the unexplained slower rows of ours again (one per family, op,
     dtype and shape, its versions named; the ratio baselines are timed beside them, as always): run them on the
-    base's kind of machine, alone, then compare again -- a row that is back is the machine's, one that is not is ours."""
+    base's kind of machine, alone, then compare again -- a row that is back is the machine's, one that is not is
+    ours."""
+    if any("why" not in e for e in entries):
+        explain(entries)
     todo: dict[tuple, list[str]] = {}
     for e in entries:
         if e["slower"] and not e["why"] and not e["version"].startswith(BASELINE_PREFIXES):

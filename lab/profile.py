@@ -704,7 +704,8 @@ def dominant_kernel_line(family: str, op: str, device_name: str | None = None, d
 
     def head(version: str, top: dict, total: float) -> str:
         share = 100 * top["total"] / total if total else 0.0
-        return (f"{version:<12} {short_kernel_name(top['kernel'], 34):<34} {top['launches']:3d}x {top['total']:9.2f} us "
+        name = short_kernel_name(top["kernel"], 34)
+        return (f"{version:<12} {name:<34} {top['launches']:3d}x {top['total']:9.2f} us "
                 f"({share:3.0f}% of {total:.2f} us)")
 
     for version, rs in ncu_rows.items():
