@@ -76,9 +76,9 @@ def explain(entries: list[dict], tolerance: float = 0.05) -> list[dict]:
     gpu_us, its whole time bounds its GPU part from above, so a new GPU part at or below it counts), or for an eager
     row from the same run's graph row of the call (not slower than the base eager row, or compared with the base's
     graph row and not slower; a replay also drops the gaps between a call's kernels, so for a call of several kernels
-    this reading is the weaker one); 'rule' when the base row was timed before de761d0 and a baseline of the same measurement got
-    slower too (the shape is host-bound under today's rule, ours by its own host time); '' when none of these
-    explains it. Returns the entries."""
+    this reading is the weaker one); 'rule' when the base row was timed before de761d0 and a baseline of the same
+    measurement got slower too (the shape is host-bound under today's rule, ours by its own host time); '' when none
+    of these explains it. Returns the entries."""
     moves: dict[tuple, list[float]] = {}
     shifts: dict[tuple, list[tuple[float, float]]] = {}   # (microseconds it grew by, its base time)
     graph: dict[tuple, dict] = {}
