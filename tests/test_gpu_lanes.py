@@ -44,6 +44,10 @@ def test_each_lane_runs_its_segments_in_order_on_its_own_gpu(fake_gpus, tmp_path
     with tarfile.open(out / "logs.tgz") as t:
         assert {"./lane0.log", "./lane1.log"} <= set(t.getnames())
     assert (out / "results.tgz").exists()
+    # a lane whose run fails fails the whole: .ci/gpu refuses a step that records rows without LAB_COMMIT
+    r = run({k: v for k, v in fake_gpus.items() if k != "LAB_COMMIT"}, "nothing: basics", "report: basics")
+    assert r.returncode == 1 and "status 1" in r.stdout, r.stdout + r.stderr
+    assert "need LAB_COMMIT" in (tmp_path / "lanes" / "lane1.log").read_text()
 
 
 @pytest.mark.skipif(not SCRIPT.exists(), reason="no .ci/gpu-lanes in this tree")
