@@ -27,8 +27,8 @@ __global__ void add_v2(const T* __restrict__ a, const T* __restrict__ b, T* __re
   }
 }
 
-// v3: v2's grid stopped at 4 blocks of 256 threads per SM, half of the 2048 thread slots an H100 SM holds (ncu at
-// 2^22 floats, results/: achieved occupancy 42% for v2 against 76% for Triton's kernel, whose grid is one
+// v3: v2's grid stopped at 4 blocks of 256 threads per SM, half of the 2048 thread slots an H100 SM holds (Nsight
+// Compute, results/<device>/ncu.csv: v2's achieved occupancy far below that of Triton's kernel, whose grid is one
 // 1024-element program per block with no cap). v3 sizes the grid to every thread slot of every SM and has each thread
 // issue both of its 16-byte loads per operand (elements i and i + stride) before it adds. Little's law: ~3 TB/s x
 // ~1 us of DRAM latency / 132 SMs ~= 23 KB must be in flight per SM; v2 asks for 1024 threads x 2 x 16 B = 32 KB,
