@@ -20,7 +20,7 @@ def test_every_version_matches_reference(op, device):
 @needs_gpu
 @pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4"])
 def test_vectorised_versions_take_misaligned_views(version):
-    # x[1:] is contiguous but 4 bytes past a 16-byte boundary: v2/v3 must fall back, not fault or misread
+    # x[1:] is contiguous but 4 bytes past a 16-byte boundary: v2-v4 must fall back to v1, not fault or misread
     g = torch.Generator().manual_seed(0)
     base = torch.randn(4099, generator=g).cuda()
     x, b = base[1:], base.flip(0)[1:].contiguous()
