@@ -156,6 +156,51 @@ def test_triton_is_set_against_the_fastest_rung_of_its_own_precision_and_mode():
     assert "nothing to compare" in K.triton_against_rungs([row("v8", 1.0, 1.0, 1.0)], "cpu")
 
 
+def test_launch_fill_sets_blocks_against_sms_beside_the_ncu_times():
+    """The table notebook 02 prints for "where Triton's TF32 kernel is ahead, and why": per shape with rows of both
+    v11 and triton.tf32 (ncu.csv rows, as profile.read_ncu reads them), every recorded launch with its grid's blocks
+    against the SM count; the verdict from each version's newest run; one line where no shape has both."""
+    from lab.studies import kernel_lines as K
+
+    def row(v, grid, block, us, sm, ts, shape="M=1024 N=1024 K=1024 bias=1", kernel="k", dev="GPU X", smem=0.0):
+        return {"family": "linear", "op": "linear", "version": v, "shape": shape, "dtype": "float32",
+                "precision": "tf32", "device_name": dev, "kernel": kernel, "grid": grid, "block": block,
+                "duration_us": us, "sm_pct": sm, "smem_static": 0.0, "smem_dynamic": smem, "commit": "abc1234",
+                "timestamp": ts, "run_id": ts}
+    rows = [row("v11", "64x1x1", "384x1x1", 25.0, 22.0, "2026-01-01T00:00:00",
+                kernel="void v11_wgmma<float, 128>(CUtensorMap_st, int)", smem=197728.0),
+            row("triton.tf32", "32x1x1", "256x1x1", 40.0, 13.5, "2026-01-01T00:00:01", kernel="linear_kernel"),
+            row("triton.tf32", "128x1x1", "128x1x1", 20.0, 27.0, "2026-01-02T00:00:00", kernel="linear_kernel"),
+            row("torch.tf32", "128x1x1", "384x1x1", 16.5, 33.4, "2026-01-01T00:00:02", kernel="sm90_xmma_gemm"),
+            row("v11", "256x1x1", "384x1x1", 100.0, 60.0, "2026-01-01T00:00:03", shape="M=4096 N=4096 K=4096 bias=1"),
+            row("triton.tf32", "512x1x1", "256x1x1", 110.0, 55.0, "2026-01-01T00:00:04",
+                shape="M=4096 N=4096 K=4096 bias=1"),
+            row("v10", "64x1x1", "128x1x1", 50.0, 30.0, "2026-01-01T00:00:05"),          # not compared: left out
+            row("v11", "8x1x1", "384x1x1", 9.0, 9.0, "2026-01-01T00:00:06", shape="M=128 N=128 K=128 bias=1"),
+            row("triton.tf32", "1x1x1", "128x1x1", 9.0, 9.0, "2026-01-01T00:00:07", dev="GPU Y")]   # another GPU
+    lines = K.launch_fill(rows, 132, "GPU X").splitlines()
+    assert lines[0] == "linear float32 (tf32) M=1024 N=1024 K=1024 bias=1: 132 SMs"
+    assert lines[1].split() == ["version", "kernel", "grid", "block", "blocks", "/SMs", "smem", "KB", "us", "SM%",
+                                "ncu", "run"]
+    assert lines[2].split() == ["*", "v11", "v11_wgmma", "64x1x1", "384x1x1", "64", "0.48", "193.1", "25.00", "22.0",
+                                "abc1234", "2026-01-01T00:00:00"]
+    assert lines[3].split()[:7] == ["triton.tf32", "linear_kernel", "32x1x1", "256x1x1", "32", "0.24", "0.0"]
+    assert not lines[3].startswith("*")                                   # an older run: listed, not the verdict's
+    assert lines[4].startswith("* triton.tf32") and lines[4].split()[5:7] == ["128", "0.97"]
+    assert lines[5].startswith("* torch.tf32") and "sm90_xmma_gemm" in lines[5]
+    assert lines[6] == ("  newest runs: triton.tf32's kernel takes 0.80x v11's time: triton.tf32 is ahead; "
+                        "v11 launches 64 blocks for 132 SMs: at least 68 SMs get no block")
+    assert lines[7] == "linear float32 (tf32) M=4096 N=4096 K=4096 bias=1: 132 SMs"   # sizes in order; M=128: no Triton
+    assert lines[-1] == ("  newest runs: triton.tf32's kernel takes 1.10x v11's time: v11 is ahead; "
+                         "v11 launches 256 blocks for 132 SMs: none is left without one")
+    assert len(lines) == 7 + 5 and not any("v10" in ln for ln in lines)
+    unknown = K.launch_fill(rows, None, "GPU X").splitlines()             # no GPU here: the SM count is not recorded
+    assert unknown[0].endswith("SM count n/a (no GPU here; ncu.csv does not record it)")
+    assert unknown[2].split()[5:7] == ["64", "n/a"] and unknown[6].endswith("v11 launches 64 blocks; SMs n/a")
+    none = K.launch_fill(rows, None, "Some CPU")
+    assert none.startswith("no ncu rows of both v11 and triton.tf32 recorded for Some CPU") and "\n" not in none
+
+
 def test_memory_ops_counts_global_accesses_per_function_by_width():
     from lab.studies import kernel_lines
     sass = ("\t\tFunction : k_a\n        /*0040*/  LDG.E.128.CONSTANT R4, desc[UR4][R2.64] ;\n"

@@ -14,6 +14,11 @@ a CUDA unit (nvcc -cubin) and of a Triton kernel (compiled ahead of time for the
 global-memory instructions of each kernel in it, by width.
 
     memory_ops(cuda_sass("basics", "vector_add.cu"), "add_v2")    {"add_v2<float>": {"LDG.E.128": 8, ...}, ...}
+
+And what the profiler recorded about the launches, for "where Triton's kernel is ahead, and why" (notebook 02): per
+shape, the blocks each kernel launched against the SM count, beside its Nsight Compute time (ncu.csv rows).
+
+    launch_fill(profile.read_ncu(family="linear", device_name=name), sm_count, name)    v11 vs triton.tf32, cuBLAS
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from .. import build, env
+from .. import build, env, profile
 
 TRITON_DIR = env.ROOT / "lab" / "kernels" / "_triton"
 
@@ -128,6 +133,85 @@ def triton_against_rungs(rows: list[dict], device: str = "") -> str:
                      f"time: {verdict}")
     if not tri_rows:
         lines.append(f"no triton rows on this machine ({device}): nothing to compare (the cells above say why)")
+    return "\n".join(lines)
+
+
+def _dims(s: str | None) -> int | None:
+    """'64x1x1' -> 64: the blocks of a grid (or the threads of a block) ncu recorded; None where it recorded none."""
+    if not s:
+        return None
+    n = 1
+    for d in s.lower().split("x"):
+        if not d.strip().isdigit():
+            return None
+        n *= int(d)
+    return n
+
+
+def _shape_order(label: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", label or ""))
+
+
+def launch_fill(rows: list[dict], sm_count: int | None = None, device_name: str = "", ours: str = "v11",
+                theirs: str = "triton.tf32", reference: tuple[str, ...] = ("torch.tf32",)) -> str:
+    """Where Triton's kernel is ahead of our rung, why, from Nsight Compute rows (profile.read_ncu: ncu.csv of one
+    device): at each (op, shape, dtype, precision) with rows of both `ours` and `theirs`, one line per recorded launch
+    of ours, theirs and the reference versions (every recorded run, oldest first; '*' marks each version's newest),
+    with its kernel, grid, block, blocks launched against the SM count, shared memory per block, duration and SM%;
+    then a verdict from the newest runs: theirs' kernel time over ours', and how many SMs our grid leaves without a
+    block. sm_count None (no GPU here, and ncu.csv does not record the SM count): 'n/a'. One line when no shape has
+    both (a machine with no rows for its device)."""
+    versions = (ours, theirs, *reference)
+    cases: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("version") in versions and (not device_name or r.get("device_name") == device_name):
+            cases.setdefault((r["op"], r["shape"], r["dtype"], r.get("precision") or ""), []).append(r)
+    both = {k: rs for k, rs in cases.items() if {ours, theirs} <= {r["version"] for r in rs}}
+    if not both:
+        return (f"no ncu rows of both {ours} and {theirs} recorded for {device_name or 'this device'}: nothing to "
+                f"compare (the Nsight Compute cell of section 5 records them on a GPU where ncu runs)")
+    sms = f"{sm_count} SMs" if sm_count else "SM count n/a (no GPU here; ncu.csv does not record it)"
+    lines = []
+    for (op, shape, dtype, prec) in sorted(both, key=lambda k: (k[0], k[2], k[3], _shape_order(k[1]))):
+        rs = both[(op, shape, dtype, prec)]
+        lines.append(f"{op} {dtype} ({prec}) {shape}: {sms}")
+        lines.append(f"  {'version':<12} {'kernel':<30} {'grid':>9} {'block':>9} {'blocks':>6} {'/SMs':>5} "
+                     f"{'smem KB':>7} {'us':>8} {'SM%':>5}  ncu run")
+        newest: dict[str, list[dict]] = {}
+        for v in versions:
+            runs: dict[tuple, list[dict]] = {}
+            for r in rs:
+                if r["version"] == v:
+                    runs.setdefault((r.get("timestamp") or "", r.get("run_id") or ""), []).append(r)
+            for i, key in enumerate(sorted(runs)):
+                last = i == len(runs) - 1
+                if last:
+                    newest[v] = runs[key]
+                for r in runs[key]:
+                    blocks = _dims(r.get("grid"))
+                    per_sm = f"{blocks / sm_count:5.2f}" if blocks is not None and sm_count else "  n/a"
+                    smem = ((r.get("smem_static") or 0) + (r.get("smem_dynamic") or 0)) / 1024
+                    us = "-" if r.get("duration_us") is None else f"{r['duration_us']:.2f}"
+                    sm_pct = "-" if r.get("sm_pct") is None else f"{r['sm_pct']:.1f}"
+                    kernel = profile.short_kernel_name(r.get("kernel") or "?", 30)
+                    lines.append(f"{'*' if last else ' '} {v:<12} {kernel:<30} "
+                                 f"{r.get('grid') or '-':>9} {r.get('block') or '-':>9} "
+                                 f"{blocks if blocks is not None else '-':>6} {per_sm} {smem:7.1f} {us:>8} "
+                                 f"{sm_pct:>5}  {r.get('commit') or '?'} {key[0]}")
+        t_ours, t_theirs = (sum(r.get("duration_us") or 0.0 for r in newest[v]) for v in (ours, theirs))
+        if t_ours and t_theirs:
+            ratio = t_theirs / t_ours
+            verdict = (f"{theirs}'s kernel takes {ratio:.2f}x {ours}'s time: "
+                       + (f"{theirs} is ahead" if ratio < 1 else f"{ours} is ahead" if ratio > 1 else "level"))
+        else:
+            verdict = f"no duration recorded for {ours} or {theirs}: no ratio"
+        grid = max((_dims(r.get("grid")) or 0 for r in newest[ours]), default=0)
+        if sm_count and grid:
+            fill = (f"{ours} launches {grid} blocks for {sm_count} SMs: at least {sm_count - grid} SMs get no block"
+                    if grid < sm_count else f"{ours} launches {grid} blocks for {sm_count} SMs: none is left without one")
+        else:
+            fill = f"{ours} launches {grid or '?'} blocks; SMs n/a"
+        lines.append(f"  newest runs: {verdict}; {fill}")
     return "\n".join(lines)
 
 
