@@ -27,7 +27,10 @@ def _num(v) -> float | None:
 
 def compare(rows: list[dict], new: str | None = None, base: str | None = None, tolerance: float = 0.05) -> list[dict]:
     """One entry per measurement of commit `new` (default: the newest commit in `rows`) that has an earlier one: the
-    base row (of commit `base`, or the newest earlier one), the ratio new/base of medians, and whether it is slower."""
+    base row (the newest of another commit -- of commit `base` if given -- timed before this row), the ratio new/base
+    of medians, and whether it is slower. Before *this row*, not before the commit's first row: an A/B run that times
+    the base commit's tree and the new one alternately on one GPU (ab/ in issue 13) compares each new row with the
+    base tree's run just before it, on the same machine."""
     if not rows:
         return []
     rows = [r for r in rows if r.get("median_us") not in (None, "")]
@@ -35,12 +38,12 @@ def compare(rows: list[dict], new: str | None = None, base: str | None = None, t
         new = max(rows, key=lambda r: r["timestamp"])["commit"]
     rows = [results.current_names(r) for r in rows]   # (read() did this already for rows from the CSVs)
     new_rows = [r for r in rows if r["commit"] == new]
-    start = min((r["timestamp"] for r in new_rows), default="")
     graph_us = {tuple(r[c] for c in KEY[:-1]): float(r["median_us"]) for r in new_rows if r["mode"] == "graph"}
     out = []
     for r in new_rows:
         k = tuple(r[c] for c in KEY)
-        olds = [o for o in rows if tuple(o[c] for c in KEY) == k and o["commit"] != new and o["timestamp"] < start
+        olds = [o for o in rows if tuple(o[c] for c in KEY) == k and o["commit"] != new
+                and o["timestamp"] < r["timestamp"]
                 and (base is None or o["commit"] == base)]
         if not olds:
             continue

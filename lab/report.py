@@ -206,22 +206,54 @@ def _is_baseline(r: dict) -> bool:
         return r["version"].startswith("torch") or r["version"] in ("reference", "cublas", "cudnn")
 
 
+def _sweep_labels(family: str, op: str, device: str) -> dict[str, int]:
+    """The shape labels the op benches on this kind of device today, each with its place in the sweep (empty for an
+    op the registry no longer has)."""
+    try:
+        return {registry.shape_label(s): i for i, s in enumerate(registry.get(family).op(op).shapes_for(device))}
+    except (KeyError, AttributeError, StopIteration, ValueError, RuntimeError):
+        return {}
+
+
+def _version_names(family: str, op: str) -> set[str]:
+    """The op's versions and baselines in the registry today (empty for an op it no longer has)."""
+    try:
+        return {v.name for v in registry.get(family).op(op).versions}
+    except (KeyError, AttributeError, StopIteration, ValueError, RuntimeError):
+        return set()
+
+
 def headlines(rows: list[dict]) -> list[dict]:
-    """Per (family, op, dtype, precision of our kernel), at the largest shape the newest commit timed: our fastest
-    kernel and the fastest baseline of the same precision, in each mode (eager, graph) — never a ratio across modes
-    or precisions."""
-    rows = [r for r in results.latest(rows) if r["median_us"] and r["mode"] != "wall"]
+    """Per (family, op, dtype, precision of our kernel), at the largest shape of the op's sweep, from the newest run
+    that timed every version there (the most of them): our fastest kernel and the fastest baseline of the same precision, in each mode (eager, graph) —
+    never a ratio across modes or precisions."""
+    rows = [r for r in rows if r["median_us"] and r["mode"] != "wall"]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["family"], r["op"], r["dtype"]), []).append(r)
     out = []
     for (fam, op, dt), rs in sorted(groups.items()):
-        newest = max(rs, key=lambda r: r["timestamp"] or "")["commit"]   # one commit's rows per line: a shape no
-        rs = [r for r in rs if r["commit"] == newest]                    # longer benched keeps no older row up
+        # The line's shape: the largest of the op's current sweep (registry) that has rows, so that a rerun of a
+        # smaller shape (`lab compare --rerun`, an A/B) does not stand in for it and a shape no longer benched keeps
+        # no old row up
+        sweep = _sweep_labels(fam, op, rs[0].get("device") or "cuda")
+        rs = ([r for r in rs if r["shape"] in sweep] or rs) if sweep else rs
         by_shape: dict[str, list[dict]] = {}
         for r in rs:
             by_shape.setdefault(r["shape"], []).append(r)
-        shape = max(by_shape, key=lambda s: (max(r["size"] or 0 for r in by_shape[s]), len(by_shape[s]), s))
+        # (equal sizes, e.g. kron's factorizations at one batch: the later in the sweep)
+        shape = max(by_shape, key=lambda s: (max(r["size"] or 0 for r in by_shape[s]), sweep.get(s, -1), s))
+        # the run whose rows at that shape cover the most of the op's current versions (a partial rerun covers a
+        # few), the newest of those: one run's rows per line, never a mix of runs
+        names = _version_names(fam, op)
+        run_of = lambda r: r.get("run_id") or r["commit"]   # noqa: E731
+        cover: dict[str, tuple[int, str]] = {}
+        for run in {run_of(r) for r in by_shape[shape]}:
+            mine = [r for r in by_shape[shape] if run_of(r) == run]
+            cover[run] = (len({r["version"] for r in mine if not names or r["version"] in names}),
+                          max(r["timestamp"] or "" for r in mine))
+        best = max(cover, key=lambda run: cover[run])
+        by_shape[shape] = results.latest([r for r in by_shape[shape] if run_of(r) == best])
         sel = by_shape[shape]
         for prec in sorted({r["precision"] for r in sel if not _is_baseline(r)}):
             line = {"family": fam, "op": op, "dtype": dt, "precision": prec, "shape": shape, "modes": {}}

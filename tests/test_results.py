@@ -2,7 +2,7 @@ import csv
 
 import pytest
 
-from lab import results
+from lab import registry, results
 
 
 def test_append_and_read_back(tmp_path):
@@ -88,6 +88,23 @@ def test_status_headlines_compare_within_one_mode_and_precision():
     assert (o["version"], b["version"]) == ("v12", "torch.tf32") and "graph" not in hs["tf32"]["modes"]
 
 
+def test_status_headlines_take_the_sweeps_largest_shape_not_a_rerun_of_a_smaller_one():
+    """A later commit that timed a smaller shape again, or one version at the largest (`lab compare --rerun`, an
+    A/B), does not replace the sweep's largest shape and its versions in README's table; a later run of them does."""
+    from lab import report
+    sizes = sorted(s["n"] for s in registry.get("basics").op("square").bench_shapes)
+    def row(commit, ts, n, v, us):
+        return dict(_timing(H100, v, n, us), commit=commit, timestamp=ts, run_id=commit)
+    sweep = [row("aaa", "2026-11-26T10:00", n, v, us) for n in sizes for v, us in (("torch", 9.0), ("v2", 8.0))]
+    rerun = [row("bbb", "2026-11-26T12:00", sizes[0], v, 7.0) for v in ("torch", "v2")] + \
+        [row("bbb", "2026-11-26T12:00", sizes[-1], "v2", 7.5)]                 # a rerun of one version there
+    (h,) = report.headlines(sweep + rerun)
+    assert h["shape"] == f"n={sizes[-1]}" and h["modes"]["events"][0]["commit"] == "aaa"
+    later = [row("ccc", "2026-11-26T14:00", sizes[-1], v, 5.0) for v in ("torch", "v2")]
+    (h,) = report.headlines(sweep + rerun + later)
+    assert h["shape"] == f"n={sizes[-1]}" and h["modes"]["events"][0]["commit"] == "ccc"
+
+
 def test_build_times_go_to_their_device_and_an_old_table_is_migrated(tmp_path, monkeypatch):
     from lab import buildtime
     monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path))
@@ -147,6 +164,23 @@ def test_compare_flags_only_real_slowdowns_and_maps_old_names():
     assert es["v1"]["slower"] and es["v1"]["base_us"] == 100 and abs(es["v1"]["ratio"] - 1.2) < 1e-9
     assert not es["v2"]["slower"] and not es["torch"]["slower"]
     assert "1 slower" in compare.report(list(es.values()))
+
+
+def test_compare_takes_each_rows_base_from_just_before_it_so_an_ab_run_compares_on_one_machine():
+    # An A/B run (issue 13): the base commit's tree and the new one timed alternately on one GPU, after the new
+    # commit had rows of its own earlier that day. Each new row is set against the base row timed just before it.
+    from lab import compare
+    def row(commit, ts, med):
+        return {"device_name": "GPU", "family": "rope", "op": "rope", "version": "v2", "dtype": "float16",
+                "shape": "seq=512", "mode": "events", "commit": commit, "timestamp": ts, "median_us": str(med),
+                "p20_us": str(med - 0.1), "p80_us": str(med + 0.1)}
+    rows = [row("base", "2026-11-26T13:00:00", 24.9),     # the base commit, on another machine
+            row("new", "2026-11-26T18:00:00", 27.7),      # the new commit, on this one
+            row("base", "2026-11-26T18:30:00", 27.7),     # A: the base commit's tree, this machine
+            row("new", "2026-11-26T18:31:00", 27.6)]      # B: the new tree, just after
+    es = sorted(compare.compare(rows, new="new", base="base"), key=lambda e: e["new_us"])
+    assert [(e["base_us"], e["new_us"]) for e in es] == [(27.7, 27.6), (24.9, 27.7)]
+    assert not es[0]["slower"] and es[1]["slower"]
 
 
 def test_old_rows_are_read_in_todays_names_and_new_rows_as_recorded():
