@@ -21,7 +21,7 @@ def _rand(shape, dtype, device, seed, scale=1.0):
 
 
 def _versions(device):
-    return ["cpu"] if device == "cpu" else ["v1", "v2", "v3"]
+    return ["cpu"] if device == "cpu" else ["v1", "v2", "v3", "v4"]
 
 
 def _encode_python(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,9 +129,9 @@ def test_bad_input_is_named(device):
         S.linear(x, short, version=v)
     with pytest.raises(TypeError, match="Sparse24Weight"):
         S.linear(x, w, version=v)
-    with pytest.raises(ValueError, match="CUDA versions are 1..3, got 4" if device == "cuda" else
+    with pytest.raises(ValueError, match="CUDA versions are 1..4, got 5" if device == "cuda" else
                        "version 1 is a CUDA kernel but x is on the CPU"):
-        S.linear(x, packed, version="v4" if device == "cuda" else "v1")
+        S.linear(x, packed, version="v5" if device == "cuda" else "v1")
     with pytest.raises(ValueError, match="weight must be 2-D"):
         S.compress(w[0])
     xg = x.clone().requires_grad_()
@@ -179,8 +179,37 @@ def test_versions_agree_with_cusparselt_where_torch_makes_one():
     x = _rand((64, 512), torch.bfloat16, "cuda", 12)
     ref = F.linear(x.double(), w.double())
     verify.assert_close(S.linear_cusparselt(x, w, packed), ref, torch.bfloat16, what="cusparselt")
-    for v in ("v1", "v2", "v3"):
+    for v in ("v1", "v2", "v3", "v4"):
         verify.assert_close(S.linear(x, packed, version=v), ref, torch.bfloat16, what=v)
+
+
+def _kernels(fn) -> set[str]:
+    """Names of the CUDA kernels one call of fn launches (torch.profiler)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_v4_runs_its_own_kernel_where_tma_takes_x_and_v2_elsewhere(dtype):
+    # K % 8 == 0 and aligned x: the wgmma.sp kernel itself (on a Hopper GPU); K = 1283 (rows of x not 16-byte
+    # multiples) and an x that starts 2 bytes into its storage: v2's kernel, the same product
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    for k, offset in ((776, 0), (1283, 0), (776, 1)):
+        w = S.prune(_rand((260, k), torch.float32, "cpu", 13)).to(dtype).cuda()
+        packed, b = S.compress(w), _rand((260,), dtype, "cuda", 14)
+        storage = _rand((300 * k + offset,), dtype, "cuda", 15)
+        x = storage[offset:].view(300, k)                         # (300, K), contiguous, maybe misaligned
+        y = torch.full((300, 260), float("nan"), dtype=dtype, device="cuda")   # poisoned
+        names = _kernels(lambda: S.linear(x, packed, b, out=y, version="v4"))
+        verify.assert_close(y, F.linear(x.double(), w.double(), b.double()), dtype, what=f"v4 K={k} offset={offset}")
+        own = any("v4_kernel" in n for n in names)
+        assert own == (hopper and k % 8 == 0 and offset == 0), (k, offset, sorted(names))
+        assert own or any("v2_kernel" in n for n in names), sorted(names)
 
 
 def test_goals_read_the_best_kernel_against_dense_in_the_same_mode():

@@ -7,12 +7,13 @@
 //   (lab.kernels.sparse24.prune makes it so); values (N, Kp/2) and meta (N, Kp/32) int32 are written, Kp = K rounded
 //   up to 32. A group of 4 with more than 2 nonzeros is a ValueError naming its row and columns.
 // linear(x, values, meta, in_features, bias, out, version): out (..., N) = x @ W.T + bias. version 0 = the C++ CPU
-//   code, 1 = v1 (SIMT GEMV), 2 = v2 (mma.sp tensor cores), 3 = v3 (v1 with two rows per warp).
+//   code, 1 = v1 (SIMT GEMV), 2 = v2 (mma.sp tensor cores), 3 = v3 (v1 with two rows per warp), 4 = v4 (wgmma.sp
+//   fed by TMA; where TMA cannot take x (in_features % 8 != 0, a misaligned base) or the GPU is not a Hopper, v2).
 #include "lab_common.h"
 
 namespace {
 
-constexpr int64_t kVersions = 3;
+constexpr int64_t kVersions = 4;
 
 int64_t padded_k(int64_t K) { return (K + 31) / 32 * 32; }
 
@@ -140,10 +141,17 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& values, const at::Tenso
   c10::cuda::CUDAGuard guard(x.device());
   const int m = lab::check_int32(M, "M (rows of x)"), n = lab::check_int32(N, "out_features"),
             k = lab::check_int32(K, "in_features");
-  const std::string name = lab::cat("v", version, bf16 ? "@bf16" : "@f16");
-  const cudaError_t e = lab::launcher<LinearCuda>(name)(x.data_ptr(), values.data_ptr(), meta.data_ptr<int32_t>(),
-                                                        b ? b->data_ptr() : nullptr, out.data_ptr(), m, n, k,
-                                                        LAB_STREAM());
+  const auto run = [&](int64_t v) {
+    return lab::launcher<LinearCuda>(lab::cat("v", v, bf16 ? "@bf16" : "@f16"))(
+        x.data_ptr(), values.data_ptr(), meta.data_ptr<int32_t>(), b ? b->data_ptr() : nullptr, out.data_ptr(), m, n,
+        k, LAB_STREAM());
+  };
+  cudaError_t e = run(version);
+  if (version == 4 && (e == cudaErrorInvalidValue || e == cudaErrorNotSupported)) {
+    (void)cudaGetLastError();   // (v4 launched nothing: it refused the operands or the GPU) -> v2, the same product
+    e = run(2);
+    version = 2;
+  }
   LAB_CHECK_VALUE(!(version != 2 && e == cudaErrorInvalidValue), op, ": v", version, " stages a row of x "
                   "(in_features = ", K, ") in shared memory, and it does not fit on this GPU; use v2");
   LAB_CUDA_CHECK(e, lab::cat(op, " v", version, " kernel"));
@@ -155,7 +163,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& values, const at::Tenso
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "nn.Linear forward with a 2:4-sparse weight in the lab's compressed format (values, meta): compress, and "
-            "linear v1 (SIMT GEMV) / v2 (mma.sp tensor cores) / v3 (v1, two rows a warp); version 0 = C++ CPU code";
+            "linear v1 (SIMT GEMV) / v2 (mma.sp tensor cores) / v3 (v1, two rows a warp) / v4 (wgmma.sp, TMA); version 0 = "
+            "C++ CPU code";
   m.def("compress", lab::bind(compress),
         "compress(weight, values, meta): a 2:4 weight (N, K) -> values (N, Kp/2), meta (N, Kp/32) int32, Kp = K "
         "rounded up to 32; ValueError if a group of 4 holds more than 2 nonzeros");

@@ -95,44 +95,14 @@ __global__ void __launch_bounds__(384, 1) v11_wgmma(const __grid_constant__ CUte
 #endif
 }
 
-// cuTensorMapEncodeTiled lives in the driver (libcuda); fetched through the runtime so the module needs no -lcuda.
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-inline EncodeTiled tensor_map_encoder() {
-  static const EncodeTiled fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      return EncodeTiled(nullptr);
-    return reinterpret_cast<EncodeTiled>(p);
-  }();
-  return fn;
-}
-
-// A (rows, K) row-major matrix as a 2-D tensor map with a (box_rows, 128 B) box, 128-B swizzle, zeros out of bounds.
-inline bool make_tensor_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, int elem_size, int K,
-                            int rows, int box_rows) {
-  const EncodeTiled encode = tensor_map_encoder();
-  if (!encode) return false;
-  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(K) * elem_size};  // bytes between rows; must be a multiple of 16
-  const cuuint32_t box[2] = {cuuint32_t(128 / elem_size), cuuint32_t(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  return encode(map, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <class T, int BN>
 cudaError_t launch_wgmma_bn(const T* x, const T* w, const T* b, T* y, int M, int N, int K, bool vec_out,
                             cudaStream_t s) {
   using C = wg::Cfg<T, BN>;
   constexpr CUtensorMapDataType dt = sizeof(T) == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap tmx, tmw;
-  if (!make_tensor_map(&tmx, x, dt, C::ES, K, M, C::BM) || !make_tensor_map(&tmw, w, dt, C::ES, K, N, BN))
+  // (K, rows) row-major operands, (BM or BN rows, 128 B) boxes in the 128-B swizzle (lab_sm90.cuh)
+  if (!lab::make_tensor_map(&tmx, x, dt, C::ES, K, M, C::BM) || !lab::make_tensor_map(&tmw, w, dt, C::ES, K, N, BN))
     return cudaErrorInvalidValue;
   return launch_opt_in_smem(v11_wgmma<T, BN>, tiles(M, N, C::BM, BN), 384, C::SMEM, s, tmx, tmw, b, y, M, N, K,
                             vec_out);

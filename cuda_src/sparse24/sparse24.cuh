@@ -16,7 +16,7 @@
 //                                PTX ISA calls undefined behaviour).
 //   One word covers 32 columns of one row: exactly what one m16n8k32 step of mma.sp needs from that row (below).
 //
-// Versions (each kept; both take any M, N, K):
+// Versions (each kept; all take any M, N, K):
 //   v1: SIMT, one warp per row of W (the GEMV of the decoder's fc_out and of batch-1 inference). A lane reads 16 B of
 //       values (4 groups) and their 16 bits of metadata per step, all U steps of a row in flight before the first
 //       FMA, and picks the 2 x values of each group by the nibble from a 16-element window of x staged in shared
@@ -27,6 +27,10 @@
 //   v3: v1 with two rows of W per warp in flight at once (at M <= 2; above, where the registers would spill, v1):
 //       twice the bytes per warp at once at the same occupancy, for the GEMV's latency-bound stream. Measured
 //       slower than v1 on the H100 (gemv.cu says why we think so); kept as the rung that did not pay.
+//   v4: tensor cores, Hopper's wgmma.mma_async.sp m64n256k32 (A = the compressed W tile, B = x, both read from
+//       shared memory through descriptors; the metadata a register), fed by TMA into a 5-stage mbarrier ring by a
+//       producer warpgroup, two consumer warpgroups on a 128 (rows of W) x 256 (rows of x) tile: linear v11's
+//       structure with the sparse instruction. Needs K % 8 == 0 and aligned x (TMA) and a Hopper GPU; else v2.
 //
 // Napkin math (H100 SXM datasheet; the lab measures its own ceilings):
 //   bytes of W, 16-bit: dense 2·N·K; compressed N·K (values) + N·K/8 (metadata) = 0.5625x dense: a memory-bound
@@ -41,9 +45,10 @@
 //   compress.cu  prune-checked compression of a dense 2:4 weight into (values, meta), built once per dtype
 //   gemv.cu      v1 and v3, one SIMT kernel template (rows of W per warp: 1 or 2), built once per dtype
 //   v2.cu        the mma.sp GEMM, built once per dtype
+//   v4.cu        the wgmma.sp GEMM (sm_90a), built once per dtype
 // Launchers (exported to cpp_src/sparse24/sparse24.cpp, looked up by name there, "name@bf16" / "name@f16"):
 //   compress: cudaError_t (const T* w, T* values, int32_t* meta, int N, int K, unsigned long long* bad, stream)
-//   v1..v3:   cudaError_t (const T* x, const T* values, const int32_t* meta, const T* b, T* y, int M, int N, int K,
+//   v1..v4:   cudaError_t (const T* x, const T* values, const int32_t* meta, const T* b, T* y, int M, int N, int K,
 //                          cudaStream_t); M, N, K > 0 (the binding handles the empty cases)
 #pragma once
 #include "lab_cuda.cuh"

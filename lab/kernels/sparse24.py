@@ -1,14 +1,14 @@
 """nn.Linear with a 2:4-sparse weight: magnitude pruning, the lab's compressed format, and sparse GEMV/GEMM kernels.
 
 Sources: cuda_src/sparse24/ (sparse24.cuh: the format, the ladder and the napkin math; compress.cu; gemv.cu: v1,
-v3; v2.cu), cpp_src/sparse24/sparse24.cpp (binding, named checks), cpp_src/sparse24/cpu.cpp (the C++ CPU version).
+v3; v2.cu; v4.cu), cpp_src/sparse24/sparse24.cpp (binding, named checks), cpp_src/sparse24/cpu.cpp (the C++ CPU version).
 
     w24 = prune(linear.weight)          # (out_features, in_features): the 2 largest magnitudes of every 4 kept
     packed = compress(w24)              # Sparse24Weight: values (N, Kp/2) + meta (N, Kp/32) int32, Kp = K up to 32
     y = linear(x, packed, bias)         # x: (..., in_features) bf16/fp16 -> (..., out_features)
 
 Versions: 'cpu' (C++), 'v1' (SIMT: one warp per weight row; the GEMV regime), 'v2' (mma.sp tensor cores; the GEMM
-regime), 'v3' (v1 with two rows per warp in flight); None picks by the number of rows of x (`fastest`).
+regime), 'v3' (v1 with two rows per warp in flight), 'v4' (wgmma.sp fed by TMA: the Hopper GEMM); None picks by the number of rows of x (`fastest`).
 Baselines: `torch` = F.linear with the pruned weight stored dense (cuBLAS), `cusparselt` = F.linear with
 torch.sparse.to_sparse_semi_structured(pruned weight), which on an H100 (sm_90) is cuSPARSELt (torch's CUTLASS path
 takes sm_8x only). The accuracy cost of pruning a trained weight is not measured here: the lab checks that the
@@ -34,6 +34,8 @@ IDEAS = {
           "shared memory, the 2 x values of a group picked by its nibble",
     "v2": "tensor cores: mma.sp.sync m16n8k32 on 128x128 tiles, ldmatrix of kept values and x, 3-stage cp.async ring",
     "v3": "v1 with two weight rows per warp in flight (at M <= 2): twice the bytes per warp at once (measured slower)",
+    "v4": "tensor cores: wgmma.mma_async.sp m64n256k32 fed by TMA, a producer warpgroup and two consumers on 128x256 "
+          "tiles, 5-stage mbarrier ring (Hopper; v2 where TMA cannot take x)",
 }
 CPU_IDEA = "C++: a dot product over the kept values of each row (half the multiplies), rows in parallel"
 
@@ -212,17 +214,18 @@ def _shape(m: int, n: int, k: int, bias: int = 1) -> dict:
 
 # the dense layer's FLOP count (the sparse MMA skips half); bytes: x, y, bias, the kept values and the metadata
 FORMULA = "TFLOP/s = 2·M·N·K / time; bytes = (MK + MN + N + N·Kp/2)·2 + N·Kp/8 B (Kp = K up to a multiple of 32)"
-# Small and awkward: 1, primes, K not a multiple of 4 (a partial last group), of 8 (v2's scalar x loads), of 32 (a
-# padded metadata word) or of 64 (a half-empty last stage of v2); more than one 128 x 128 tile of v2 each way; no bias.
+# Small and awkward: 1, primes, K not a multiple of 4 (a partial last group), of 8 (v2's scalar x loads; v4 hands
+# those to v2), of 32 (a padded metadata word) or of 64 (a half-empty last stage of v2 and v4); more than one
+# 128 x 128 tile of v2 each way; v4: more than one 128 x 256 tile each way and more stages than its ring; no bias.
 CHECK = [_shape(*s) for s in [
     (1, 1, 1), (1, 7, 5), (3, 5, 7), (2, 3, 32, 0), (1, 37, 1283, 0), (5, 129, 1281), (33, 65, 17),
-    (17, 130, 96), (130, 257, 40, 0), (9, 300, 64), (257, 300, 200), (130, 129, 203, 0)]]
+    (17, 130, 96), (130, 257, 40, 0), (9, 300, 64), (257, 300, 200), (130, 129, 203, 0), (300, 260, 776)]]
 # Larger, checked by the tests: M and N over a tile, K over many stages; the decoder's fc_out at batch 1.
 CHECK_LARGE = [_shape(*s) for s in [(1000, 777, 513), (1, 5893, 1280), (300, 1024, 4096, 0), (8, 4096, 4096)]]
 
 SQUARE = 4096
 FC_OUT = {"N": 5893, "K": 1280}   # the seq2seq decoder's output layer (cuSPARSELt refuses this shape: see the notebook)
-VERSIONS = [_version("cpu"), _version("v1"), _version("v2"), _version("v3")]
+VERSIONS = [_version("cpu"), _version("v1"), _version("v2"), _version("v3"), _version("v4")]
 OPS = [
     Op(FAMILY, "linear", _inputs_semi, linear_ref, VERSIONS + _baselines(semi=True), CHECK,
        [_shape(m, SQUARE, SQUARE) for m in (1, 8, 64, 512, 4096)], [_shape(m, 1024, 1024) for m in (1, 64)],
