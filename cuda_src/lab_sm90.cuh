@@ -83,9 +83,6 @@ __device__ __forceinline__ void fence_regs(float* d) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-// The same for a register an in-flight wgmma still reads (sparse24 v4's metadata): "used" here, so the compiler
-// keeps it, unmodified, in its register until this point (after the wait that retires that wgmma).
-__device__ __forceinline__ void keep_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
 // ---- register budgets of producer and consumer warpgroups ----
 template <int R>

@@ -20,9 +20,14 @@
 //   2 KB + 16 KB in the same time on paper: ~144 B/cycle, above the 128 B/cycle an SM's shared memory delivers. So
 //   the sparse instruction with B from shared memory cannot run at twice the dense rate here: ~1.8x at most before
 //   anything else (the metadata loads, the barriers, the epilogue).
-// Metadata reaches the consumers from global memory (L2): 4 words per thread and stage, loaded for stage k + 1 while
-// stage k's MMAs run. A register an in-flight wgmma reads is kept unmodified until the wait that retires it
-// (lab::keep_reg). Steps past K or rows past N read kEmptyMeta (their values are TMA's zero fill).
+// Metadata. The producer warp stages it too: its 32 lanes copy the stage's 2 words per row of W (1 KB) into shared
+// memory and arrive on the stage's "full" barrier beside the TMA bytes (33 arrivals: TMA's expect_tx + 32 lanes);
+// steps past K or rows past N get kEmptyMeta (their values are TMA's zero fill). A consumer reads its 4 words per
+// stage from there (LDS) right before issuing. The metadata register is read by the MMA after issue, asynchronously:
+// measured here, a register reloaded while the MMA that reads it was in flight gave it the next stage's metadata (the
+// second k32 step of every stage came out wrong; the compiler does not know the asm reads it late, and keeping the
+// value alive did not keep its register). So each consumer retires its stage's group (wgmma.wait_group 0) before it
+// loads the next stage's metadata: two consumer warpgroups keep the tensor cores fed while one of them waits.
 // Epilogue: y = Dᵀ + b goes through shared memory (the ring, free once both consumers are done: a named barrier of
 // their 256 threads) so that its stores are 16-byte and along N.
 // Limits: TMA needs 16-byte aligned rows of x (K % 8 == 0) and bases; Hopper only. Otherwise this launcher returns
@@ -41,7 +46,8 @@ constexpr int STAGES = 5, THREADS = 384;              // a producer warpgroup + 
 constexpr int A_BYTES = BW * 64, B_BYTES = BX * 128;  // (128 rows, 32 kept values) + (256 rows, 64 x values)
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;        // 40 KB: a multiple of 1024 B (the swizzles' repeat)
 constexpr int Y_STRIDE = BW + 8;                      // the epilogue's y tile (BX rows of x, BW columns), padded
-constexpr int SMEM = STAGES * STAGE_BYTES + 1024 /* alignment slack */ + 2 * STAGES * 8 /* barriers */;
+constexpr int META_BYTES = BW * 2 * 4;                // per stage: 2 metadata words (two k32 steps) per row of W
+constexpr int SMEM = STAGES * (STAGE_BYTES + META_BYTES) + 1024 /* alignment slack */ + 2 * STAGES * 8 /* barriers */;
 static_assert(BX * Y_STRIDE * 2 <= STAGES * STAGE_BYTES, "the y tile reuses the ring");
 }  // namespace v4cfg
 
@@ -75,17 +81,19 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = lab::smem_u32(smem_raw);
   const uint32_t s0 = (raw + 1023) & ~1023u;  // the 128-B swizzle's pattern repeats every 1024 B
-  const uint32_t full = s0 + STAGES * STAGE_BYTES, empty = full + STAGES * 8;
+  const uint32_t meta_s = s0 + STAGES * STAGE_BYTES;   // STAGES x (BW rows x 2 words)
+  const uint32_t full = meta_s + STAGES * META_BYTES, empty = full + STAGES * 8;
+  uint32_t* meta_g = reinterpret_cast<uint32_t*>(smem_raw + (meta_s - raw));   // the same, as a generic pointer
   const lab::Tile tl = lab::tile_of(blockIdx.x, int(lab::ceil_div(N, BW)), int(lab::ceil_div(M, BX)));
   const int n0 = tl.m * BW, m0 = tl.n * BX;
   const int Kp = int(padded_k(K)), words = Kp / 32;
   const int nk = int(lab::ceil_div(Kp, BK));
-  const int role = threadIdx.x / 128;
+  const int role = threadIdx.x / 128, lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      lab::mbar_init(full + 8 * s, 1);   // the producer's arrive.expect_tx, then the TMA bytes
-      lab::mbar_init(empty + 8 * s, 8);  // one arrive per consumer warp
+      lab::mbar_init(full + 8 * s, 1 + 32);  // the producer's arrive.expect_tx (then the TMA bytes) + 32 lanes' metadata
+      lab::mbar_init(empty + 8 * s, 8);      // one arrive per consumer warp
     }
     lab::mbar_fence_init();
   }
@@ -93,66 +101,58 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
 
   if (role == 0) {
     lab::setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32) {   // the producer warp: lane 0 issues the TMA loads, every lane copies metadata
       for (int kt = 0; kt < nk; ++kt) {
         const int s = kt % STAGES;
         if (kt >= STAGES) lab::mbar_wait(empty + 8 * s, ((kt / STAGES) + 1) & 1);  // consumers freed it
-        lab::mbar_expect_tx(full + 8 * s, STAGE_BYTES);  // the full boxes count, zero-filled parts included
-        const uint32_t sa = s0 + s * STAGE_BYTES;
-        lab::tma_load_2d(sa, &tmw, kt * (BK / 2), n0, full + 8 * s);        // kept values: columns of values
-        lab::tma_load_2d(sa + A_BYTES, &tmx, kt * BK, m0, full + 8 * s);    // x: columns of x (zeros past K)
+        if (lane == 0) {
+          lab::mbar_expect_tx(full + 8 * s, STAGE_BYTES);  // the full boxes count, zero-filled parts included
+          const uint32_t sa = s0 + s * STAGE_BYTES;
+          lab::tma_load_2d(sa, &tmw, kt * (BK / 2), n0, full + 8 * s);        // kept values: columns of values
+          lab::tma_load_2d(sa + A_BYTES, &tmx, kt * BK, m0, full + 8 * s);    // x: columns of x (zeros past K)
+        }
+        uint32_t* E = meta_g + s * (META_BYTES / 4);   // [row of W][k32 step of the stage]
+#pragma unroll
+        for (int i = lane; i < BW * 2; i += 32) {
+          const int r = n0 + i / 2, wd = kt * 2 + i % 2;
+          E[i] = (r < N && wd < words) ? uint32_t(__ldg(meta + int64_t(r) * words + wd)) : kEmptyMeta;
+        }
+        lab::mbar_arrive(full + 8 * s);   // release: the consumers' wait on this phase sees the words
       }
     }
     return;  // (the consumers' named barriers below count their own 256 threads only)
   }
   lab::setmaxnreg_inc<232>();
   const int c = role - 1;                     // rows 64c .. 64c+63 of the block's 128 rows of W
-  const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4, g = lane / 4;
-  const int r0 = n0 + 64 * c + 16 * w + g;    // this thread's two rows of W for the metadata: r0, r0 + 8
-  const bool in0 = r0 < N, in1 = r0 + 8 < N;
-  const int32_t* meta0 = meta + int64_t(in0 ? r0 : 0) * words;
-  const int32_t* meta1 = meta + int64_t(in1 ? r0 + 8 : 0) * words;
-  // The registers of stage kt's two k32 steps: rows r0 (low half) and r0 + 8 (high half), groups 0..3 or 4..7.
-  auto load_meta = [&](int kt, uint32_t (&e)[2]) {
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const int wd = kt * 2 + kk;
-      const uint32_t w0 = (in0 && wd < words) ? uint32_t(__ldg(meta0 + wd)) : kEmptyMeta;
-      const uint32_t w1 = (in1 && wd < words) ? uint32_t(__ldg(meta1 + wd)) : kEmptyMeta;
-      e[kk] = (lane & 1) ? (w0 >> 16) | (w1 & 0xffff0000u) : (w0 & 0xffffu) | (w1 << 16);
-    }
-  };
+  const int w = (threadIdx.x / 32) % 4, g = lane / 4;
+  const int mr0 = 64 * c + 16 * w + g;        // this thread's two rows of W for the metadata: mr0, mr0 + 8
 
   float d[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) d[i] = 0.f;
-  uint32_t e_nxt[2], e_cur[2], e_prev[2] = {kEmptyMeta, kEmptyMeta};
-  load_meta(0, e_nxt);
   for (int kt = 0; kt < nk; ++kt) {
     const int s = kt % STAGES;
-    e_cur[0] = e_nxt[0];
-    e_cur[1] = e_nxt[1];
     lab::mbar_wait(full + 8 * s, (kt / STAGES) & 1);
+    // The registers of the stage's two k32 steps: row mr0 (low half) and mr0 + 8 (high half), groups 0..3 or 4..7.
+    // (No wgmma of this warpgroup is in flight here: the previous stage's group was retired below.)
+    const uint32_t* E = meta_g + s * (META_BYTES / 4);
+    uint32_t e[2];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const uint32_t w0 = E[mr0 * 2 + kk], w1 = E[(mr0 + 8) * 2 + kk];
+      e[kk] = (lane & 1) ? (w0 >> 16) | (w1 & 0xffff0000u) : (w0 & 0xffffu) | (w1 << 16);
+    }
     const uint32_t sa = s0 + s * STAGE_BYTES + c * 64 * 64, sb = s0 + s * STAGE_BYTES + A_BYTES;
     lab::fence_regs<128>(d);
     lab::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk)
-      wgmma_sp(d, lab::smem_desc<64>(sa + 32 * kk), lab::smem_desc<128>(sb + 64 * kk), e_cur[kk], T{});
+      wgmma_sp(d, lab::smem_desc<64>(sa + 32 * kk), lab::smem_desc<128>(sb + 64 * kk), e[kk], T{});
     lab::wgmma_commit();
-    if (kt + 1 < nk) load_meta(kt + 1, e_nxt);  // from L2 while the MMAs run
-    lab::wgmma_wait<1>();                        // stage kt-1's group has retired: its smem and metadata are free
+    lab::wgmma_wait<0>();   // this stage's MMAs are done with its smem and its metadata registers
     lab::fence_regs<128>(d);
-    lab::keep_reg(e_prev[0]);
-    lab::keep_reg(e_prev[1]);
-    e_prev[0] = e_cur[0];
-    e_prev[1] = e_cur[1];
-    if (kt > 0 && lane == 0) lab::mbar_arrive(empty + 8 * ((kt - 1) % STAGES));
+    if (lane == 0) lab::mbar_arrive(empty + 8 * s);
   }
-  lab::wgmma_wait<0>();
-  lab::fence_regs<128>(d);
-  lab::keep_reg(e_prev[0]);
-  lab::keep_reg(e_prev[1]);
 
   // Epilogue: both consumers are done reading the ring (and every TMA write landed: they waited for each stage).
   lab::named_barrier(1, 256);
