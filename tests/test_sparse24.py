@@ -233,3 +233,23 @@ def test_goals_read_the_best_kernel_against_dense_in_the_same_mode():
     assert got[("batch 1, fc_out 1280 -> 5893", "eager")]["target"] is None
     table = SS.against(rows, "linear")
     assert "v2" in table and "2.50x" not in table and f"{180.0 / 450.0:13.2f}x" in table
+
+
+def test_designs_table_sets_each_tensor_core_design_against_dense_with_its_ncu_reading():
+    from lab.studies import sparse24 as SS
+    sq = "M=4096 N=4096 K=4096 bias=1"
+    rows = [{"op": "linear", "version": v, "dtype": "bfloat16", "mode": "events", "median_us": us, "speedup": sp,
+             "shape": sq} for v, us, sp in (("torch", 180.0, 1.0), ("v2", 450.0, 0.4), ("v4", 150.0, 1.2))]
+    rows.append(dict(rows[2], mode="graph", median_us=1.0, speedup=180.0))   # another mode: not read
+    def k(v, kernel, us, tc, ts, stall):
+        return {"op": "linear", "version": v, "dtype": "bfloat16", "shape": sq, "kernel": kernel, "duration_us": us,
+                "tensor_pct": tc, "sm_pct": 50.0, "timestamp": ts, "stall1": stall, "stall1_ratio": 2.5}
+    ncu = [k("v4", "v4_kernel", 999.0, 10.0, "2026-01-01", "old"), k("v4", "v4_kernel", 160.0, 70.0, "2026-02-01", "gmma"),
+           k("v4", "tiny_kernel", 2.0, 0.0, "2026-02-01", "x"), k("torch", "nvjet_gemm", 170.0, 94.0, "2026-02-01", "barrier")]
+    lines = SS.designs(rows, ncu).splitlines()
+    v2 = next(l for l in lines if l.startswith("v2 "))
+    v4 = next(l for l in lines if l.startswith("v4 "))
+    assert "450.0" in v2 and "0.40x" in v2 and f"{0.4 / 1.5:7.2f}" in v2 and "no ncu row" in v2
+    assert "150.0" in v4 and "1.20x" in v4 and f"{1.2 / 1.5:7.2f}" in v4
+    assert "v4_kernel" in v4 and "160.0" in v4 and "70.0" in v4 and "gmma 2.50" in v4 and "old" not in v4
+    assert "nvjet_gemm" in next(l for l in lines if l.startswith("torch "))

@@ -3,6 +3,7 @@ semi-structured F.linear goes (the family itself, the API, reference and Ops: la
 
     rows_for          the newest GPU's sparse24 rows in the results table (or rows handed in)
     goals, goals_table  each goal's value, target, status and margin, from the rows
+    designs           the tensor-core designs at the GEMM goal's shape side by side: time, margin, and Nsight Compute
     against           per shape: our best version against each baseline, in the same mode
     call_vs_kernels   a call (timed as the benchmarks time it) against the device time of the kernels it launches
 """
@@ -88,6 +89,39 @@ def against(rows: list[dict], op: str = "linear", dtype: str = GOAL_DTYPE, mode:
             ratios.append(f"{br[0]['median_us'] / best['median_us']:13.2f}x" if br else f"{'-':>14}")
         lines.append(f"{'':<{len(op) + len(dtype) + 10}}{s:<30} {best['version']:<4} {best['median_us']:8.1f}  " +
                      "  ".join(ratios))
+    return "\n".join(lines)
+
+
+def designs(rows: list[dict], ncu_rows: list[dict], versions=("v2", "v4"), mode: str = "events") -> str:
+    """The GEMM goal (bf16, 4096 x 4096 x 4096) per tensor-core design: its time, its speedup over dense cuBLAS in the
+    same run and mode, the margin to the goal (speedup / 1.5), and from Nsight Compute (the newest launch of its
+    longest kernel at that shape) the kernel time, tensor-pipe and SM throughput and the top stalls: what bounds
+    each design, printed beside cuBLAS's kernel."""
+    sel = _pick(rows, "linear", SQUARE, SQUARE, SQUARE, GOAL_DTYPE, mode)
+    label = {r["shape"] for r in sel}
+    nc = [r for r in ncu_rows if r["op"] == "linear" and r["dtype"] == GOAL_DTYPE and r["shape"] in label]
+    head = (f"{'version':<8} {'us':>8} {'x dense':>8} {'margin':>7}   {'ncu kernel':<28} {'us':>7} {'TC%':>5} "
+            f"{'SM%':>5}  top stalls")
+    lines = [f"linear {GOAL_DTYPE} {SQUARE}^3 ({'eager' if mode == 'events' else 'graph'}), goal >= {SPEEDUP:g}x "
+             f"dense cuBLAS", head]
+    for v in (*versions, "torch"):
+        r = next((r for r in sel if r["version"] == v), None)
+        mine = [k for k in nc if k["version"] == v]
+        if mine:   # the newest ncu run of this version, its longest launch
+            newest = max(k["timestamp"] or "" for k in mine)
+            k = max((k for k in mine if (k["timestamp"] or "") == newest), key=lambda k: k["duration_us"] or 0)
+            stalls = ", ".join(f"{k[f'stall{i}']} {k[f'stall{i}_ratio']:.2f}" for i in (1, 2, 3)
+                               if k.get(f"stall{i}") and k.get(f"stall{i}_ratio") is not None)
+            ncu = (f"{profile.short_kernel_name(k['kernel'], 28):<28} {k['duration_us'] or 0:7.1f} "
+                   f"{k['tensor_pct'] or 0:5.1f} {k['sm_pct'] or 0:5.1f}  {stalls}")
+        else:
+            ncu = "(no ncu row at this shape)"
+        if r is None:
+            lines.append(f"{v:<8} {'-':>8} {'-':>8} {'-':>7}   {ncu}")
+            continue
+        sp = r.get("speedup")
+        margin = f"{sp / SPEEDUP:7.2f}" if sp is not None and v != "torch" else f"{'-':>7}"
+        lines.append(f"{v:<8} {r['median_us']:8.1f} {(f'{sp:7.2f}x' if sp is not None else '-'):>8} {margin}   {ncu}")
     return "\n".join(lines)
 
 
