@@ -48,6 +48,14 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #endif
 }
 
+// When every cp.async this thread issued so far has landed, an arrive on bar (.noinc: counted in the arrivals the
+// barrier was initialised with), so a thread can hand a stage's small copies to the barrier and move on.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+#ifdef LAB_SM90A
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+
 // ---- TMA: the box at (c0 along the contiguous dimension, c1 along rows) of the tensor map -> shared memory at dst;
 // completes on bar (its transaction count). ----
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {

@@ -21,8 +21,11 @@
 //   the sparse instruction with B from shared memory cannot run at twice the dense rate here: ~1.8x at most before
 //   anything else (the metadata loads, the barriers, the epilogue).
 // Metadata. The producer warp stages it too: its 32 lanes copy the stage's 2 words per row of W (1 KB) into shared
-// memory and arrive on the stage's "full" barrier beside the TMA bytes (33 arrivals: TMA's expect_tx + 32 lanes);
-// steps past K or rows past N get kEmptyMeta (their values are TMA's zero fill). A consumer reads its 4 words per
+// memory with cp.async (4-byte copies: the words of a row are not 16-byte aligned in general) and each lane's copies
+// arrive on the stage's "full" barrier when they land (cp.async.mbarrier.arrive.noinc: 33 arrivals, TMA's expect_tx
+// + 32 lanes), so the producer never waits for L2 (a first build loaded them into registers and stored them: the
+// producer warp then waited a round trip per stage, and Nsight Compute's top stall was long_scoreboard); words past
+// K or N copy kEmptyMeta (their values are TMA's zero fill). A consumer reads its 4 words per
 // stage from there (LDS) right before issuing. The metadata register is read by the MMA after issue, asynchronously:
 // measured here, a register reloaded while the MMA that reads it was in flight gave it the next stage's metadata (the
 // second k32 step of every stage came out wrong; the compiler does not know the asm reads it late, and keeping the
@@ -39,6 +42,9 @@
 #include <type_traits>
 
 namespace sparse24 {
+
+// What a metadata word past K or N reads (a valid nibble in every group; the values there are TMA's zero fill).
+__device__ const uint32_t kEmptyWord = kEmptyMeta;
 
 namespace v4cfg {
 constexpr int BW = 128, BX = 256, BK = 64;            // rows of W, rows of x, dense columns of W per stage
@@ -83,7 +89,7 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
   const uint32_t s0 = (raw + 1023) & ~1023u;  // the 128-B swizzle's pattern repeats every 1024 B
   const uint32_t meta_s = s0 + STAGES * STAGE_BYTES;   // STAGES x (BW rows x 2 words)
   const uint32_t full = meta_s + STAGES * META_BYTES, empty = full + STAGES * 8;
-  uint32_t* meta_g = reinterpret_cast<uint32_t*>(smem_raw + (meta_s - raw));   // the same, as a generic pointer
+  const uint32_t* meta_g = reinterpret_cast<const uint32_t*>(smem_raw + (meta_s - raw));   // (generic pointer)
   const lab::Tile tl = lab::tile_of(blockIdx.x, int(lab::ceil_div(N, BW)), int(lab::ceil_div(M, BX)));
   const int n0 = tl.m * BW, m0 = tl.n * BX;
   const int Kp = int(padded_k(K)), words = Kp / 32;
@@ -111,13 +117,14 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
           lab::tma_load_2d(sa, &tmw, kt * (BK / 2), n0, full + 8 * s);        // kept values: columns of values
           lab::tma_load_2d(sa + A_BYTES, &tmx, kt * BK, m0, full + 8 * s);    // x: columns of x (zeros past K)
         }
-        uint32_t* E = meta_g + s * (META_BYTES / 4);   // [row of W][k32 step of the stage]
+        const uint32_t E = meta_s + s * META_BYTES;   // [row of W][k32 step of the stage], 4-byte words
 #pragma unroll
-        for (int i = lane; i < BW * 2; i += 32) {
+        for (int i = lane; i < BW * 2; i += 32) {   // asynchronous 4-byte copies: the lane does not wait for L2
           const int r = n0 + i / 2, wd = kt * 2 + i % 2;
-          E[i] = (r < N && wd < words) ? uint32_t(__ldg(meta + int64_t(r) * words + wd)) : kEmptyMeta;
+          const bool in = r < N && wd < words;
+          lab::cp_async4(E + 4 * i, in ? static_cast<const void*>(meta + int64_t(r) * words + wd) : &kEmptyWord, 4);
         }
-        lab::mbar_arrive(full + 8 * s);   // release: the consumers' wait on this phase sees the words
+        lab::cp_async_mbar_arrive(full + 8 * s);   // the lane's arrival, once its copies have landed
       }
     }
     return;  // (the consumers' named barriers below count their own 256 threads only)
