@@ -106,6 +106,14 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #endif
 }
 
+// A 4-byte load from shared memory by its shared-window address: LDS, on the short scoreboard (a load through a
+// generic pointer is an LD, which waits on the long one).
+__device__ __forceinline__ uint32_t lds_u32(uint32_t saddr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(saddr) : "memory");
+  return v;
+}
+
 // A barrier for `threads` threads (a multiple of 32) on hardware barrier `id` (1..15; 0 is __syncthreads'), so that
 // the consumer warpgroups can meet without the producer.
 __device__ __forceinline__ void named_barrier(int id, int threads) {

@@ -26,7 +26,7 @@
 // + 32 lanes), so the producer never waits for L2 (a first build loaded them into registers and stored them: the
 // producer warp then waited a round trip per stage, and Nsight Compute's top stall was long_scoreboard); words past
 // K or N copy kEmptyMeta (their values are TMA's zero fill). A consumer reads its 4 words per
-// stage from there (LDS) right before issuing. The metadata register is read by the MMA after issue, asynchronously:
+// stage from there (ld.shared: through a generic pointer it was an LD on the long scoreboard) right before issuing. The metadata register is read by the MMA after issue, asynchronously:
 // measured here, a register reloaded while the MMA that reads it was in flight gave it the next stage's metadata (the
 // second k32 step of every stage came out wrong; the compiler does not know the asm reads it late, and keeping the
 // value alive did not keep its register). So each consumer retires its stage's group (wgmma.wait_group 0) before it
@@ -89,7 +89,6 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
   const uint32_t s0 = (raw + 1023) & ~1023u;  // the 128-B swizzle's pattern repeats every 1024 B
   const uint32_t meta_s = s0 + STAGES * STAGE_BYTES;   // STAGES x (BW rows x 2 words)
   const uint32_t full = meta_s + STAGES * META_BYTES, empty = full + STAGES * 8;
-  const uint32_t* meta_g = reinterpret_cast<const uint32_t*>(smem_raw + (meta_s - raw));   // (generic pointer)
   const lab::Tile tl = lab::tile_of(blockIdx.x, int(lab::ceil_div(N, BW)), int(lab::ceil_div(M, BX)));
   const int n0 = tl.m * BW, m0 = tl.n * BX;
   const int Kp = int(padded_k(K)), words = Kp / 32;
@@ -142,11 +141,11 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
     lab::mbar_wait(full + 8 * s, (kt / STAGES) & 1);
     // The registers of the stage's two k32 steps: row mr0 (low half) and mr0 + 8 (high half), groups 0..3 or 4..7.
     // (No wgmma of this warpgroup is in flight here: the previous stage's group was retired below.)
-    const uint32_t* E = meta_g + s * (META_BYTES / 4);
+    const uint32_t E = meta_s + s * META_BYTES;
     uint32_t e[2];
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
-      const uint32_t w0 = E[mr0 * 2 + kk], w1 = E[(mr0 + 8) * 2 + kk];
+      const uint32_t w0 = lab::lds_u32(E + 4 * (mr0 * 2 + kk)), w1 = lab::lds_u32(E + 4 * ((mr0 + 8) * 2 + kk));
       e[kk] = (lane & 1) ? (w0 >> 16) | (w1 & 0xffff0000u) : (w0 & 0xffffu) | (w1 << 16);
     }
     const uint32_t sa = s0 + s * STAGE_BYTES + c * 64 * 64, sb = s0 + s * STAGE_BYTES + A_BYTES;
@@ -158,6 +157,10 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
     lab::wgmma_commit();
     lab::wgmma_wait<0>();   // this stage's MMAs are done with its smem and its metadata registers
     lab::fence_regs<128>(d);
+    // One arrive per warp: __syncwarp first orders the other lanes' metadata loads before lane 0's release, so the
+    // producer's next copies into this slot cannot pass them (compute-sanitizer's racecheck flagged the warp's reads
+    // against those copies without it)
+    __syncwarp();
     if (lane == 0) lab::mbar_arrive(empty + 8 * s);
   }
 

@@ -27,7 +27,7 @@ from ..registry import Family, Op, Version, register, version_number
 from ._common import elem_size, randn
 
 FAMILY = "sparse24"
-GEMV_ROWS = 8    # up to this many rows of x the default is the SIMT GEMV (v1), above it v2 (tensor cores)
+GEMV_ROWS = 8    # up to this many rows of x the default is the SIMT GEMV (v1), above it v4 (tensor cores)
 
 IDEAS = {
     "v1": "SIMT: one warp per weight row, 16 B of kept values + 2 B of metadata per lane-step, all in flight; x in "
@@ -129,11 +129,13 @@ def compress(w: torch.Tensor, make_semi: bool = False) -> Sparse24Weight:
 
 # ---- wrappers -----------------------------------------------------------------------------------------------------
 def fastest(x: torch.Tensor) -> str:
-    """The version for this input: 'cpu' on the CPU; on CUDA the GEMV v1 up to GEMV_ROWS rows of x, v2 above. (v3, two
-    rows a warp, was the default for a run and measured slower than v1 at batch 1 on the H100: notebook 10.)"""
+    """The version for this input: 'cpu' on the CPU; on CUDA the GEMV v1 up to GEMV_ROWS rows of x, v4 above (the
+    wgmma.sp GEMM, measured faster than v2 at every batch it was timed at on the H100; it runs v2 itself where TMA
+    cannot take x or the GPU is not a Hopper). (v3, two rows a warp, was the default for a run and measured slower
+    than v1 at batch 1 on the H100: notebook 10.)"""
     if not x.is_cuda:
         return "cpu"
-    return "v1" if math.prod(x.shape[:-1]) <= GEMV_ROWS else "v2"
+    return "v1" if math.prod(x.shape[:-1]) <= GEMV_ROWS else "v4"
 
 
 def linear(x: torch.Tensor, weight: Sparse24Weight, bias: torch.Tensor | None = None,
