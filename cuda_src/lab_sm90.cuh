@@ -48,14 +48,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #endif
 }
 
-// When every cp.async this thread issued so far has landed, an arrive on bar (.noinc: counted in the arrivals the
-// barrier was initialised with), so a thread can hand a stage's small copies to the barrier and move on.
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
-#ifdef LAB_SM90A
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-
 // ---- TMA: the box at (c0 along the contiguous dimension, c1 along rows) of the tensor map -> shared memory at dst;
 // completes on bar (its transaction count). ----
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
@@ -106,11 +98,12 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #endif
 }
 
-// A 4-byte load from shared memory by its shared-window address: LDS, on the short scoreboard (a load through a
+// A 16-byte load from shared memory by its shared-window address: LDS.128, on the short scoreboard (a load through a
 // generic pointer is an LD, which waits on the long one).
-__device__ __forceinline__ uint32_t lds_u32(uint32_t saddr) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(saddr) : "memory");
+__device__ __forceinline__ uint4 lds_u32x4(uint32_t saddr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(saddr)
+               : "memory");
   return v;
 }
 

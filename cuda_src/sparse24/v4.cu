@@ -20,17 +20,18 @@
 //   2 KB + 16 KB in the same time on paper: ~144 B/cycle, above the 128 B/cycle an SM's shared memory delivers. So
 //   the sparse instruction with B from shared memory cannot run at twice the dense rate here: ~1.8x at most before
 //   anything else (the metadata loads, the barriers, the epilogue).
-// Metadata. The producer warp stages it too: its 32 lanes copy the stage's 2 words per row of W (1 KB) into shared
-// memory with cp.async (4-byte copies: the words of a row are not 16-byte aligned in general) and each lane's copies
-// arrive on the stage's "full" barrier when they land (cp.async.mbarrier.arrive.noinc: 33 arrivals, TMA's expect_tx
-// + 32 lanes), so the producer never waits for L2 (a first build loaded them into registers and stored them: the
-// producer warp then waited a round trip per stage, and Nsight Compute's top stall was long_scoreboard); words past
-// K or N copy kEmptyMeta (their values are TMA's zero fill). A consumer reads its 4 words per
-// stage from there (ld.shared: through a generic pointer it was an LD on the long scoreboard) right before issuing. The metadata register is read by the MMA after issue, asynchronously:
-// measured here, a register reloaded while the MMA that reads it was in flight gave it the next stage's metadata (the
-// second k32 step of every stage came out wrong; the compiler does not know the asm reads it late, and keeping the
-// value alive did not keep its register). So each consumer retires its stage's group (wgmma.wait_group 0) before it
-// loads the next stage's metadata: two consumer warpgroups keep the tensor cores fed while one of them waits.
+// Metadata. Each consumer thread fetches the 4 words its metadata registers are built from (rows r and r + 8 of W,
+// the stage's two k32 steps) itself, one stage ahead, with cp.async into a private 16-byte slot of shared memory (two
+// slots: this stage's and the next's), and reads them back with one ld.shared after cp.async.wait_group: the same
+// thread writes and reads, so no barrier orders them. Words past K or N copy kEmptyMeta (their values are TMA's zero
+// fill). Two designs before this one, kept in the history: (1) metadata straight from global memory into registers a
+// stage ahead: wrong results, because the sparse MMA reads its metadata register after it issues and a register
+// reloaded while the MMA was in flight gave it the next stage's metadata (the compiler does not know the asm reads it
+// late); (2) the producer warp staging each stage's metadata for all consumers and arriving on the stage's barrier:
+// correct, but it waited an L2 round trip per stage (ncu's top stall: long_scoreboard) or, with cp.async and
+// cp.async.mbarrier.arrive, was flagged by racecheck (its consumers' reads against the next copies into the slot).
+// Because of (1), each consumer retires its stage's MMAs (wgmma.wait_group 0) before it builds the next stage's
+// registers: two consumer warpgroups keep the tensor cores fed while one of them waits.
 // Epilogue: y = Dᵀ + b goes through shared memory (the ring, free once both consumers are done: a named barrier of
 // their 256 threads) so that its stores are 16-byte and along N.
 // Limits: TMA needs 16-byte aligned rows of x (K % 8 == 0) and bases; Hopper only. Otherwise this launcher returns
@@ -52,8 +53,8 @@ constexpr int STAGES = 5, THREADS = 384;              // a producer warpgroup + 
 constexpr int A_BYTES = BW * 64, B_BYTES = BX * 128;  // (128 rows, 32 kept values) + (256 rows, 64 x values)
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;        // 40 KB: a multiple of 1024 B (the swizzles' repeat)
 constexpr int Y_STRIDE = BW + 8;                      // the epilogue's y tile (BX rows of x, BW columns), padded
-constexpr int META_BYTES = BW * 2 * 4;                // per stage: 2 metadata words (two k32 steps) per row of W
-constexpr int SMEM = STAGES * (STAGE_BYTES + META_BYTES) + 1024 /* alignment slack */ + 2 * STAGES * 8 /* barriers */;
+constexpr int META_SLOT = 256 * 16;                  // a consumer thread's 4 metadata words, for 256 threads
+constexpr int SMEM = STAGES * STAGE_BYTES + 2 * META_SLOT + 1024 /* alignment slack */ + 2 * STAGES * 8 /* barriers */;
 static_assert(BX * Y_STRIDE * 2 <= STAGES * STAGE_BYTES, "the y tile reuses the ring");
 }  // namespace v4cfg
 
@@ -87,8 +88,8 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = lab::smem_u32(smem_raw);
   const uint32_t s0 = (raw + 1023) & ~1023u;  // the 128-B swizzle's pattern repeats every 1024 B
-  const uint32_t meta_s = s0 + STAGES * STAGE_BYTES;   // STAGES x (BW rows x 2 words)
-  const uint32_t full = meta_s + STAGES * META_BYTES, empty = full + STAGES * 8;
+  const uint32_t meta_s = s0 + STAGES * STAGE_BYTES;   // 2 slots x 256 consumer threads x 4 words
+  const uint32_t full = meta_s + 2 * META_SLOT, empty = full + STAGES * 8;
   const lab::Tile tl = lab::tile_of(blockIdx.x, int(lab::ceil_div(N, BW)), int(lab::ceil_div(M, BX)));
   const int n0 = tl.m * BW, m0 = tl.n * BX;
   const int Kp = int(padded_k(K)), words = Kp / 32;
@@ -97,8 +98,8 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      lab::mbar_init(full + 8 * s, 1 + 32);  // the producer's arrive.expect_tx (then the TMA bytes) + 32 lanes' metadata
-      lab::mbar_init(empty + 8 * s, 8);      // one arrive per consumer warp
+      lab::mbar_init(full + 8 * s, 1);   // the producer's arrive.expect_tx, then the TMA bytes
+      lab::mbar_init(empty + 8 * s, 8);  // one arrive per consumer warp
     }
     lab::mbar_fence_init();
   }
@@ -106,24 +107,14 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
 
   if (role == 0) {
     lab::setmaxnreg_dec<40>();
-    if (threadIdx.x < 32) {   // the producer warp: lane 0 issues the TMA loads, every lane copies metadata
+    if (threadIdx.x == 0) {
       for (int kt = 0; kt < nk; ++kt) {
         const int s = kt % STAGES;
         if (kt >= STAGES) lab::mbar_wait(empty + 8 * s, ((kt / STAGES) + 1) & 1);  // consumers freed it
-        if (lane == 0) {
-          lab::mbar_expect_tx(full + 8 * s, STAGE_BYTES);  // the full boxes count, zero-filled parts included
-          const uint32_t sa = s0 + s * STAGE_BYTES;
-          lab::tma_load_2d(sa, &tmw, kt * (BK / 2), n0, full + 8 * s);        // kept values: columns of values
-          lab::tma_load_2d(sa + A_BYTES, &tmx, kt * BK, m0, full + 8 * s);    // x: columns of x (zeros past K)
-        }
-        const uint32_t E = meta_s + s * META_BYTES;   // [row of W][k32 step of the stage], 4-byte words
-#pragma unroll
-        for (int i = lane; i < BW * 2; i += 32) {   // asynchronous 4-byte copies: the lane does not wait for L2
-          const int r = n0 + i / 2, wd = kt * 2 + i % 2;
-          const bool in = r < N && wd < words;
-          lab::cp_async4(E + 4 * i, in ? static_cast<const void*>(meta + int64_t(r) * words + wd) : &kEmptyWord, 4);
-        }
-        lab::cp_async_mbar_arrive(full + 8 * s);   // the lane's arrival, once its copies have landed
+        lab::mbar_expect_tx(full + 8 * s, STAGE_BYTES);  // the full boxes count, zero-filled parts included
+        const uint32_t sa = s0 + s * STAGE_BYTES;
+        lab::tma_load_2d(sa, &tmw, kt * (BK / 2), n0, full + 8 * s);        // kept values: columns of values
+        lab::tma_load_2d(sa + A_BYTES, &tmx, kt * BK, m0, full + 8 * s);    // x: columns of x (zeros past K)
       }
     }
     return;  // (the consumers' named barriers below count their own 256 threads only)
@@ -131,23 +122,38 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
   lab::setmaxnreg_inc<232>();
   const int c = role - 1;                     // rows 64c .. 64c+63 of the block's 128 rows of W
   const int w = (threadIdx.x / 32) % 4, g = lane / 4;
-  const int mr0 = 64 * c + 16 * w + g;        // this thread's two rows of W for the metadata: mr0, mr0 + 8
+  const int r0 = n0 + 64 * c + 16 * w + g;    // this thread's two rows of W for the metadata: r0, r0 + 8
+  const uint32_t my_meta = meta_s + 16 * (threadIdx.x - 128);   // + slot * META_SLOT
+  // Stage kt's 4 words -> this thread's slot kt % 2: (r0, step 0), (r0, step 1), (r0 + 8, step 0), (r0 + 8, step 1)
+  auto fetch_meta = [&](int kt) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = r0 + 8 * (j / 2), wd = kt * 2 + j % 2;
+      const bool in = r < N && wd < words;
+      lab::cp_async4(my_meta + (kt % 2) * META_SLOT + 4 * j,
+                     in ? static_cast<const void*>(meta + int64_t(r) * words + wd) : &kEmptyWord, 4);
+    }
+    lab::cp_async_commit();
+  };
 
   float d[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) d[i] = 0.f;
+  fetch_meta(0);
   for (int kt = 0; kt < nk; ++kt) {
     const int s = kt % STAGES;
-    lab::mbar_wait(full + 8 * s, (kt / STAGES) & 1);
-    // The registers of the stage's two k32 steps: row mr0 (low half) and mr0 + 8 (high half), groups 0..3 or 4..7.
-    // (No wgmma of this warpgroup is in flight here: the previous stage's group was retired below.)
-    const uint32_t E = meta_s + s * META_BYTES;
-    uint32_t e[2];
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const uint32_t w0 = lab::lds_u32(E + 4 * (mr0 * 2 + kk)), w1 = lab::lds_u32(E + 4 * ((mr0 + 8) * 2 + kk));
-      e[kk] = (lane & 1) ? (w0 >> 16) | (w1 & 0xffff0000u) : (w0 & 0xffffu) | (w1 << 16);
+    if (kt + 1 < nk) {
+      fetch_meta(kt + 1);          // into the other slot, read (by this thread) one stage ago
+      lab::cp_async_wait<1>();     // stage kt's words have landed
+    } else {
+      lab::cp_async_wait<0>();
     }
+    // The registers of the stage's two k32 steps: row r0 (low half) and r0 + 8 (high half), groups 0..3 or 4..7.
+    // (No wgmma of this warpgroup is in flight here: the previous stage's group was retired below.)
+    const uint4 m4 = lab::lds_u32x4(my_meta + (kt % 2) * META_SLOT);
+    const uint32_t e[2] = {(lane & 1) ? (m4.x >> 16) | (m4.z & 0xffff0000u) : (m4.x & 0xffffu) | (m4.z << 16),
+                           (lane & 1) ? (m4.y >> 16) | (m4.w & 0xffff0000u) : (m4.y & 0xffffu) | (m4.w << 16)};
+    lab::mbar_wait(full + 8 * s, (kt / STAGES) & 1);
     const uint32_t sa = s0 + s * STAGE_BYTES + c * 64 * 64, sb = s0 + s * STAGE_BYTES + A_BYTES;
     lab::fence_regs<128>(d);
     lab::wgmma_fence();
@@ -157,10 +163,6 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
     lab::wgmma_commit();
     lab::wgmma_wait<0>();   // this stage's MMAs are done with its smem and its metadata registers
     lab::fence_regs<128>(d);
-    // One arrive per warp: __syncwarp first orders the other lanes' metadata loads before lane 0's release, so the
-    // producer's next copies into this slot cannot pass them (compute-sanitizer's racecheck flagged the warp's reads
-    // against those copies without it)
-    __syncwarp();
     if (lane == 0) lab::mbar_arrive(empty + 8 * s);
   }
 
