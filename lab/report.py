@@ -225,8 +225,8 @@ def _version_names(family: str, op: str) -> set[str]:
 
 def headlines(rows: list[dict]) -> list[dict]:
     """Per (family, op, dtype, precision of our kernel), at the largest shape of the op's sweep, from the newest run
-    that timed every version there (the most of them): our fastest kernel and the fastest baseline of the same precision, in each mode (eager, graph) —
-    never a ratio across modes or precisions."""
+    that timed every version there (the most of them): our fastest kernel and the fastest baseline of the same
+    precision, in each mode (eager, graph) — never a ratio across modes or precisions."""
     rows = [r for r in rows if r["median_us"] and r["mode"] != "wall"]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:

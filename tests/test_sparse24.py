@@ -244,8 +244,10 @@ def test_designs_table_sets_each_tensor_core_design_against_dense_with_its_ncu_r
     def k(v, kernel, us, tc, ts, stall):
         return {"op": "linear", "version": v, "dtype": "bfloat16", "shape": sq, "kernel": kernel, "duration_us": us,
                 "tensor_pct": tc, "sm_pct": 50.0, "timestamp": ts, "stall1": stall, "stall1_ratio": 2.5}
-    ncu = [k("v4", "v4_kernel", 999.0, 10.0, "2026-01-01", "old"), k("v4", "v4_kernel", 160.0, 70.0, "2026-02-01", "gmma"),
-           k("v4", "tiny_kernel", 2.0, 0.0, "2026-02-01", "x"), k("torch", "nvjet_gemm", 170.0, 94.0, "2026-02-01", "barrier")]
+    ncu = [k("v4", "v4_kernel", 999.0, 10.0, "2026-01-01", "old"),
+           k("v4", "v4_kernel", 160.0, 70.0, "2026-02-01", "gmma"),
+           k("v4", "tiny_kernel", 2.0, 0.0, "2026-02-01", "x"),
+           k("torch", "nvjet_gemm", 170.0, 94.0, "2026-02-01", "barrier")]
     lines = SS.designs(rows, ncu).splitlines()
     v2 = next(l for l in lines if l.startswith("v2 "))
     v4 = next(l for l in lines if l.startswith("v4 "))

@@ -163,8 +163,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& values, const at::Tenso
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "nn.Linear forward with a 2:4-sparse weight in the lab's compressed format (values, meta): compress, and "
-            "linear v1 (SIMT GEMV) / v2 (mma.sp tensor cores) / v3 (v1, two rows a warp) / v4 (wgmma.sp, TMA); version 0 = "
-            "C++ CPU code";
+            "linear v1 (SIMT GEMV) / v2 (mma.sp tensor cores) / v3 (v1, two rows a warp) / v4 (wgmma.sp, TMA); "
+            "version 0 = C++ CPU code";
   m.def("compress", lab::bind(compress),
         "compress(weight, values, meta): a 2:4 weight (N, K) -> values (N, Kp/2), meta (N, Kp/32) int32, Kp = K "
         "rounded up to 32; ValueError if a group of 4 holds more than 2 nonzeros");

@@ -31,7 +31,8 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) { return lab::smem_d
 // The four shapes v11 uses differ only in the instruction's name, the accumulator count R (N/2: 128 or 64 registers
 // a thread) and the immediates after the predicate (scale-a, scale-b; bf16 adds the transposes of A and B, which
 // tf32 does not take). So one macro, LAB_WGMMA, writes all four asm statements, and the R "+f" operands and their
-// %-names are spelled once (lab_sm90.cuh) instead of once per shape. Operands: %0..%R-1 the accumulators d[0..R-1], %R and
+// %-names are spelled once (lab_sm90.cuh) instead of once per shape. Operands: %0..%R-1 the accumulators d[0..R-1],
+// %R and
 // %R+1 the descriptors of A and B, %R+2 scale_d (0: D = A·B, else D += A·B). The PTX text is the same as when each
 // wrapper spelled it out.
 #define LAB_WG_AB64 "%64, %65"

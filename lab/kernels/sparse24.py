@@ -1,14 +1,16 @@
 """nn.Linear with a 2:4-sparse weight: magnitude pruning, the lab's compressed format, and sparse GEMV/GEMM kernels.
 
 Sources: cuda_src/sparse24/ (sparse24.cuh: the format, the ladder and the napkin math; compress.cu; gemv.cu: v1,
-v3; v2.cu; v4.cu), cpp_src/sparse24/sparse24.cpp (binding, named checks), cpp_src/sparse24/cpu.cpp (the C++ CPU version).
+v3; v2.cu; v4.cu), cpp_src/sparse24/sparse24.cpp (binding, named checks), cpp_src/sparse24/cpu.cpp (the C++ CPU
+version).
 
     w24 = prune(linear.weight)          # (out_features, in_features): the 2 largest magnitudes of every 4 kept
     packed = compress(w24)              # Sparse24Weight: values (N, Kp/2) + meta (N, Kp/32) int32, Kp = K up to 32
     y = linear(x, packed, bias)         # x: (..., in_features) bf16/fp16 -> (..., out_features)
 
 Versions: 'cpu' (C++), 'v1' (SIMT: one warp per weight row; the GEMV regime), 'v2' (mma.sp tensor cores; the GEMM
-regime), 'v3' (v1 with two rows per warp in flight), 'v4' (wgmma.sp fed by TMA: the Hopper GEMM); None picks by the number of rows of x (`fastest`).
+regime), 'v3' (v1 with two rows per warp in flight), 'v4' (wgmma.sp fed by TMA: the Hopper GEMM); None picks by
+the number of rows of x (`fastest`).
 Baselines: `torch` = F.linear with the pruned weight stored dense (cuBLAS), `cusparselt` = F.linear with
 torch.sparse.to_sparse_semi_structured(pruned weight), which on an H100 (sm_90) is cuSPARSELt (torch's CUTLASS path
 takes sm_8x only). The accuracy cost of pruning a trained weight is not measured here: the lab checks that the
