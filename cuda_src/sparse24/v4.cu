@@ -32,12 +32,6 @@
 // cp.async.mbarrier.arrive, was flagged by racecheck (its consumers' reads against the next copies into the slot).
 // Because of (1), each consumer retires its stage's MMAs (wgmma.wait_group 0) before it builds the next stage's
 // registers: two consumer warpgroups keep the tensor cores fed while one of them waits.
-// Measured on the H100 (results.csv, 4096^3 bf16; the ncu rows beside them): (2) with cp.async (commits f5934d5,
-// 0b89ecd) is the fastest build so far; this one is slower. Each consumer thread issues 4 small copies a stage, the
-// 4 lanes of a quad fetch the same 4 words, and one stage of look-ahead does not cover the L2 latency: ncu's top
-// stall is long_scoreboard, and the tensor pipe is busier in (2). The next step: each lane of a quad fetches one of
-// the quad's 4 words into a slot the quad shares (its cp.async.wait_group, then __syncwarp, order the copies before
-// the quad's reads: warp-local, which racecheck follows), three stages ahead.
 // Epilogue: y = Dᵀ + b goes through shared memory (the ring, free once both consumers are done: a named barrier of
 // their 256 threads) so that its stores are 16-byte and along N.
 // Limits: TMA needs 16-byte aligned rows of x (K % 8 == 0) and bases; Hopper only. Otherwise this launcher returns
@@ -200,6 +194,14 @@ __global__ void __launch_bounds__(v4cfg::THREADS, 1)
   }
 #endif
 }
+
+// Where the metadata designs (header) stand, measured on the H100 (results.csv, 4096^3 bf16, and the ncu rows beside
+// them): (2) with cp.async (commits f5934d5, 0b89ecd) is the fastest build so far; this one, kept because racecheck
+// passes it, is slower. Each consumer thread issues 4 small copies a stage, the 4 lanes of a quad fetch the same 4
+// words, and one stage of look-ahead does not cover the L2 latency: ncu's top stall is long_scoreboard, and the
+// tensor pipe is busier in (2). The next step: each lane of a quad fetches one of the quad's 4 words into a slot the
+// quad shares (its cp.async.wait_group, then __syncwarp, order the copies before the quad's reads: warp-local, which
+// racecheck follows), three stages ahead.
 
 cudaError_t forward_v4(const T* x, const T* values, const int32_t* meta, const T* b, T* y, int M, int N, int K,
                        cudaStream_t s) {
