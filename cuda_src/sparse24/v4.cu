@@ -31,7 +31,7 @@
 // correct, but it waited an L2 round trip per stage (ncu's top stall: long_scoreboard) or, with cp.async and
 // cp.async.mbarrier.arrive, was flagged by racecheck (its consumers' reads against the next copies into the slot).
 // Because of (1), each consumer retires its stage's MMAs (wgmma.wait_group 0) before it builds the next stage's
-// registers: two consumer warpgroups keep the tensor cores fed while one of them waits.
+// registers: the other consumer warpgroup's MMAs can run while one waits (how much they cover: ncu's TC%).
 // Epilogue: y = Dᵀ + b goes through shared memory (the ring, free once both consumers are done: a named barrier of
 // their 256 threads) so that its stores are 16-byte and along N.
 // Limits: TMA needs 16-byte aligned rows of x (K % 8 == 0) and bases; Hopper only. Otherwise this launcher returns
