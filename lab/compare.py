@@ -29,7 +29,7 @@ def compare(rows: list[dict], new: str | None = None, base: str | None = None, t
     """One entry per measurement of commit `new` (default: the newest commit in `rows`) that has an earlier one: the
     base row (the newest of another commit -- of commit `base` if given -- timed before this row), the ratio new/base
     of medians, and whether it is slower. Before *this row*, not before the commit's first row: an A/B run that times
-    the base commit's tree and the new one alternately on one GPU (ab/ in issue 13) compares each new row with the
+    the base commit's tree and the new one alternately on one GPU (.ci/ab) compares each new row with the
     base tree's run just before it, on the same machine."""
     if not rows:
         return []
