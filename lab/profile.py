@@ -633,6 +633,12 @@ def read_ncu(**where) -> list[dict]:
     return results.read(numeric=NCU_NUMERIC, name=NCU, **where)
 
 
+def stall_text(r: dict) -> str:
+    """An ncu.csv row's three largest warp-stall reasons, 'long_scoreboard 4.66, barrier 4.54, ...'."""
+    return ", ".join(f"{r[f'stall{i}']} {r[f'stall{i}_ratio']:.2f}" for i in (1, 2, 3)
+                     if r.get(f"stall{i}") and r.get(f"stall{i}_ratio") is not None)
+
+
 def ncu_table(rows: list[dict]) -> str:
     """ncu.csv rows as a text table: per launch, time, bandwidths, throughputs, occupancy, resources, stalls."""
     def f(v, spec=".1f"):
@@ -641,7 +647,7 @@ def ncu_table(rows: list[dict]) -> str:
             f"{'TC%':>5} {'occ%':>5} {'regs':>4} {'smem':>6}  top stalls (warps per issue cycle)")
     lines = [head]
     for r in rows:
-        stalls = ", ".join(f"{r[f'stall{i}']} {r[f'stall{i}_ratio']:.2f}" for i in (1, 2, 3) if r.get(f"stall{i}"))
+        stalls = stall_text(r)
         smem = (r.get("smem_static") or 0) + (r.get("smem_dynamic") or 0)
         lines.append(f"{r.get('version') or '':<10} {short_kernel_name(r['kernel'] or '?', 32):<32} "
                      f"{r.get('category') or '':<11} {f(r['duration_us'], '.2f'):>8} {f(r['dram_gbps'], '.0f'):>9} "

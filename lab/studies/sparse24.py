@@ -110,10 +110,8 @@ def designs(rows: list[dict], ncu_rows: list[dict], versions=("v2", "v4"), mode:
         if mine:   # the newest ncu run of this version, its longest launch
             newest = max(k["timestamp"] or "" for k in mine)
             k = max((k for k in mine if (k["timestamp"] or "") == newest), key=lambda k: k["duration_us"] or 0)
-            stalls = ", ".join(f"{k[f'stall{i}']} {k[f'stall{i}_ratio']:.2f}" for i in (1, 2, 3)
-                               if k.get(f"stall{i}") and k.get(f"stall{i}_ratio") is not None)
             ncu = (f"{profile.short_kernel_name(k['kernel'], 28):<28} {k['duration_us'] or 0:7.1f} "
-                   f"{k['tensor_pct'] or 0:5.1f} {k['sm_pct'] or 0:5.1f}  {stalls}")
+                   f"{k['tensor_pct'] or 0:5.1f} {k['sm_pct'] or 0:5.1f}  {profile.stall_text(k)}")
         else:
             ncu = "(no ncu row at this shape)"
         if r is None:
