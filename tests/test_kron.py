@@ -215,9 +215,9 @@ def test_stacked_layers_train(device):
 
 # ---- bad input -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("version", ["torch", "torch.bmm", "torch.kron", "cpu", "v1", "v2"])
+@pytest.mark.parametrize("version", ["torch", "torch.bmm", "torch.kron", "cpu", "v1", "v2", "v3"])
 def test_bad_input_says_what_is_wrong(version, device):
-    if (version in ("v1", "v2")) and device == "cpu":
+    if (version in ("v1", "v2", "v3")) and device == "cpu":
         pytest.skip("CUDA version")
     if version == "cpu" and device == "cuda":
         pytest.skip("the C++ CPU version takes CPU tensors")
@@ -229,7 +229,7 @@ def test_bad_input_says_what_is_wrong(version, device):
         K.kron(x, [w3, torch.randn(4, 3, device=device)], version)
     with pytest.raises(TypeError, match=r"factors\[0\] must have the same dtype as x \(Float\), got Double"):
         K.kron(x, [w3.double(), w4], version)
-    with pytest.raises(TypeError, match=r"x must be Float or Double, got Int"):
+    with pytest.raises(TypeError, match=r"x must be Float, Double or BFloat16 \(version v3 only\), got Int"):
         K.kron(x.int(), [w3, w4], version)
     with pytest.raises(ValueError, match=r"factors must be a non-empty list of square matrices"):
         K.kron(x, [], version)
@@ -243,10 +243,10 @@ def test_bad_input_says_what_is_wrong(version, device):
 def test_version_on_the_wrong_device_says_so(device):
     x, w3, w4 = torch.randn(3, 12, device=device), torch.randn(3, 3, device=device), torch.randn(4, 4, device=device)
     # the C++ boundary's message (lab::check_version), through autograd and through the plain forward
-    for v in ["v1", "v2"] if device == "cpu" else ["cpu"]:
+    for v in ["v1", "v2", "v3"] if device == "cpu" else ["cpu"]:
         msg = (rf"kron: version {v[1:]} is a CUDA kernel but x is on the CPU" if device == "cpu" else
                r"kron: version 0 is the C\+\+ CPU code but x is on cuda:0 \(move to the CPU, or use a CUDA "
-               r"version 1..2\)")
+               r"version 1..3\)")
         with pytest.raises(ValueError, match=msg):
             K.kron(x, [w3, w4], v)
         with pytest.raises(ValueError, match=msg):
@@ -281,6 +281,77 @@ def test_cuda_version_on_cpu_tensors_is_refused():
         K.ext().forward(x, ws, torch.empty_like(x), [], 2, -1, 0)
     with pytest.raises(ValueError, match=r"version must be one of"):
         K.kron(x, ws, "v9")
+
+
+def test_bfloat16_is_for_v3_only():
+    # the C++ boundary says which version takes bfloat16 (versions 0-2 are SIMT / CPU code in float32 and float64)
+    x, *ws = _inputs(2, "2x3", torch.bfloat16, "cpu")
+    for v in (0, 1, 2):
+        with pytest.raises(TypeError, match=r"kron: x is BFloat16, which only version 3 \(tensor cores\) takes"):
+            K.ext().forward(x, ws, torch.empty_like(x), [], v, -1, 0)
+    with pytest.raises(TypeError, match=r"x must be Float or BFloat16, got Double"):  # and v3 no float64
+        K.ext().forward(x.double(), [w.double() for w in ws], torch.empty_like(x.double()), [], 3, -1, 0)
+
+
+# ---- v3: tensor cores ------------------------------------------------------------------------------------------------
+# the issue's factorisations beyond 128x128, 1-wide and prime factors, K = 1..8
+V3_SHAPES = [(3, "128x128"), (5, "13x17"), (2, "8x16x32"), (4, "32x32"), (3, "3x4x5"), (1, "64x64x64"), (6, "12x20"),
+             (2, "2x3x2x5"), (7, "9"), (3, "1x1"), (2, "2x2x2x2x2x2x2x2"), (2, "256x256"), (33, "12x20"),
+             (1, "100x100x2")]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,factors", V3_SHAPES)
+def test_v3_every_configuration_and_slice_width(batch, factors, dtype):
+    # against float64 at v3's precision (TF32 on float32, bf16), outputs poisoned with NaN
+    x, *ws = _inputs(batch, factors, dtype, "cuda", seed=8)
+    ref = K.kron_ref(x.double(), *[w.double() for w in ws])
+    prec = "tf32" if dtype == torch.float32 else None
+    fK = K.parse_factors(factors)[-1]
+    tried = 0
+    for cfg in range(2):
+        for cols in sorted({8, 16, 32, 64, (fK + 7) // 8 * 8}):
+            if cols > (fK + 7) // 8 * 8:
+                continue
+            p = K.plan(batch, factors, dtype, "cuda", cfg, cols, version="v3")
+            if not p["fits"]:
+                continue
+            assert p["cfg"] == cfg and p["c"] == cols
+            tried += 1
+            out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v3", cfg=cfg, cols=cols)
+            verify.assert_close(out, ref, dtype, precision=prec, what=f"v3 {dtype} cfg={cfg} c={cols}")
+    if not tried:  # no configuration's state fits in shared memory (fp32 64x64x64: two 133 KB buffers): v3 runs v2
+        assert not K.plan(batch, factors, dtype, "cuda", version="v3")["fits"]
+        out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v3")
+        verify.assert_close(out, ref, dtype, precision=prec, what=f"v3 {dtype} (v2 where nothing fits)")
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_v3_falls_back_where_nothing_fits(dtype):
+    # 16384x2: W_K is 2 wide, so the state is (16384, c >= 8): 512 KB in fp32, over any block's shared memory. v3 runs
+    # v2 (through float32 copies for bfloat16) and is still right
+    x, *ws = _inputs(2, "16384x2", dtype, "cuda", seed=9)
+    assert not K.plan(2, "16384x2", dtype, "cuda", version="v3")["fits"]
+    ref = K.kron_ref(x.double(), *[w.double() for w in ws])
+    out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v3")
+    verify.assert_close(out, ref, dtype, what="v3 fallback")
+
+
+@needs_gpu
+def test_v3_is_forward_only():
+    x, *ws = _inputs(2, "4x8", torch.float32, "cuda")
+    xr = x.requires_grad_()
+    with pytest.raises(ValueError, match=r"kron: v3 \(tensor cores\) is forward-only: it has no backward yet"):
+        K.kron(xr, ws, "v3")
+    with torch.no_grad():
+        verify.assert_close(K.kron(xr, ws, "v3"), K.kron_ref(x.double(), *[w.double() for w in ws]), torch.float32,
+                            precision="tf32")
+    with pytest.raises(ValueError, match=r"kron: version 3 has no backward yet and saves no states"):
+        K.forward(x.detach(), ws, version="v3", states=[torch.empty_like(x)])
+    with pytest.raises(ValueError, match=r"kron: version 3 \(tensor cores\) has no backward yet"):
+        K.ext().backward(x.detach(), x.detach(), ws, [x.detach()], torch.empty_like(x), [torch.empty_like(w) for w in ws], 3)
 
 
 @needs_gpu

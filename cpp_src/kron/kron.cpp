@@ -5,8 +5,9 @@
 // factors = [W_1, …, W_K], W_k (f_k, f_k); x (batch, N) with N = f_1·…·f_K. Outputs and the intermediate states are
 // tensors the caller allocates (the lab poisons them with NaN before a check). version: 0 = the C++ CPU code (CPU
 // tensors: cpp_src/kron/cpu.cpp); 1 = one CUDA kernel per factor (cuda_src/kron/v1.cu); 2 = the fused CUDA kernel
-// (cuda_src/kron/v2.cu, planned and launched by v2_plan.cu; v1 where it does not fit); the backward of 1 and 2 is
-// cuda_src/kron/backward.cu. The CPU code computes the same steps as the CUDA code (see the header of
+// (cuda_src/kron/v2.cu, planned and launched by v2_plan.cu; v1 where it does not fit); 3 = v2's fusion on tensor
+// cores (cuda_src/kron/v3.cu: TF32 on Float tensors, bf16 on BFloat16 ones; forward only); the backward of 1 and 2
+// is cuda_src/kron/backward.cu. The CPU code computes the same steps as the CUDA code (see the header of
 // cuda_src/kron/kron.cuh for the algebra):
 //   forward   F-step  y[b] (P, f) = x[b]ᵀ (f, P)ᵀ · W          — for W_K, …, W_1 in turn
 //   backward  dW_k = Σ_b F_k[b] · dF_{k-1}[b];  dF_k[b] = W_k · dF_{k-1}[b]ᵀ;  dx = dF_K
@@ -48,10 +49,17 @@ struct Sizes {
   int64_t B = 0, N = 0;
 };
 
-// x (batch, N) float/double contiguous; factors a non-empty list of square matrices of x's dtype and device whose
-// sizes multiply to N.
-Sizes check_layer(const at::Tensor& x, const std::vector<at::Tensor>& factors) {
-  lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
+// x (batch, N) contiguous, Float or Double (version 3, the tensor-core kernel: Float or BFloat16); factors a
+// non-empty list of square matrices of x's dtype and device whose sizes multiply to N.
+Sizes check_layer(const at::Tensor& x, const std::vector<at::Tensor>& factors, int64_t version = 0) {
+  if (version == 3) {
+    lab::check_dtype(x, "x", {at::kFloat, at::kBFloat16});
+  } else {
+    lab::check_defined(x, "x");
+    LAB_CHECK_TYPE(x.scalar_type() != at::kBFloat16, "kron: x is BFloat16, which only version 3 (tensor cores) takes; "
+                   "versions 0-2 take Float or Double");
+    lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
+  }
   lab::check_dim(x, "x", 2, "(batch, N)");
   lab::check_contiguous(x, "x");
   LAB_CHECK_VALUE(!factors.empty(), "factors must be a non-empty list of square matrices, got an empty list");
@@ -145,6 +153,10 @@ FusedKernels fused_kernels(at::ScalarType t) {
   }
   return k;
 }
+// cuda_src/kron/v3.cu, built per dtype (f32 = TF32 multiplies, bf16) and configuration (0: 8 warps, 1: 4 warps)
+using V3Plan = void (*)(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* info);
+using V3Forward = cudaError_t (*)(const void* x, void* y, const void* const* w, const int* f, int K, int64_t B,
+                                  int64_t N, int cols, cudaStream_t);
 #endif
 // cpp_src/kron/cpu.cpp: "kron_cpu_forward_f32", ...
 template <class T> using CpuForward = void (*)(const T* x, T* y, const T* const* w, const int* f, int K, int64_t B,
@@ -173,15 +185,75 @@ template <class T> std::vector<T*> ptrs(const std::vector<at::Tensor>& ts) {
 // y = x · (W_K ⊗ … ⊗ W_1) into out. states: [] or the K-1 intermediate states F_1..F_{K-1} (each (batch, N)), written
 // when given (the backward needs them). cfg/cols: -1/0 = automatic; else force the CUDA block configuration (0..2)
 // and v2's slice width (for kron.tune()).
+#ifdef LAB_WITH_CUDA
+// Version 3's plan: each configuration's build plans its own slice width and cost (kPlanFields, plan_info.h); the
+// cheaper that fits wins (cfg >= 0 forces one). info[kFits] = 0: neither fits.
+void v3_plan(at::ScalarType dt, const Sizes& s, int64_t cfg, int64_t cols, int64_t* info) {
+  int64_t best[kron::kPlanFields] = {0};
+  for (int c = 0; c < 2; ++c) {
+    if (cfg >= 0 && c != cfg) continue;
+    int64_t i[kron::kPlanFields] = {0};
+    lab::launcher<V3Plan>(lab::cat("kron_v3_plan@", lab::dtype_suffix(dt), ",", c))(s.B, s.N, s.f.data(),
+                                                                                      int(s.f.size()), int(cols), i);
+    if (i[kron::kFits] && (!best[kron::kFits] || i[kron::kCost] < best[kron::kCost])) std::copy(i, i + kron::kPlanFields, best);
+    if (!best[kron::kFits] && !i[kron::kFits]) std::copy(i, i + kron::kPlanFields, best);  // the limits, for the report
+  }
+  std::copy(best, best + kron::kPlanFields, info);
+}
+#endif
+
+at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& factors, at::Tensor out,
+                        const std::vector<at::Tensor>& states, int64_t version, int64_t cfg, int64_t cols);
+
+// Version 3 (tensor cores: TF32 on Float, bf16 on BFloat16). Where no configuration's state fits in shared memory it
+// runs version 2: on Float tensors as they are (strict fp32, more precise than asked), on BFloat16 ones through
+// Float copies (rounded back once, at the end).
+at::Tensor forward_v3(const at::Tensor& x, const std::vector<at::Tensor>& factors, at::Tensor out, const Sizes& s,
+                      int64_t cfg, int64_t cols) {
+#ifdef LAB_WITH_CUDA
+  c10::cuda::CUDAGuard guard(x.device());
+  const at::ScalarType dt = x.scalar_type();
+  const int K = int(s.f.size());
+  int64_t info[kron::kPlanFields];
+  v3_plan(dt, s, cfg, cols, info);
+  if (!info[kron::kFits]) {
+    if (dt == at::kFloat) return forward_impl(x, factors, out, {}, 2, -1, 0);
+    std::vector<at::Tensor> wf;
+    for (const auto& w : factors) wf.push_back(w.to(at::kFloat));
+    out.copy_(forward_impl(x.to(at::kFloat), wf, at::empty({s.B, s.N}, x.options().dtype(at::kFloat)), {}, 2, -1, 0));
+    return out;
+  }
+  std::vector<const void*> w;
+  for (const auto& t : factors) w.push_back(t.data_ptr());
+  auto fn = lab::launcher<V3Forward>(lab::cat("kron_v3_forward@", lab::dtype_suffix(dt), ",", info[kron::kCfg]));
+  LAB_CUDA_CHECK(fn(x.data_ptr(), out.data_ptr(), w.data(), s.f.data(), K, s.B, s.N, int(cols), LAB_STREAM()),
+                 "kron v3 forward kernel");
+  return out;
+#else
+  (void)x, (void)factors, (void)s, (void)cfg, (void)cols;
+  LAB_NO_CUDA_BUILD("kron forward");
+  return out;
+#endif
+}
+
 at::Tensor forward(const at::Tensor& x, py::sequence factors_, at::Tensor out, py::sequence states_,
                    int64_t version, int64_t cfg, int64_t cols) {
-  const std::vector<at::Tensor> factors = tensors(factors_, "factors"), states = tensors(states_, "states");
-  const Sizes s = check_layer(x, factors);
+  return forward_impl(x, tensors(factors_, "factors"), out, tensors(states_, "states"), version, cfg, cols);
+}
+
+at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& factors, at::Tensor out,
+                        const std::vector<at::Tensor>& states, int64_t version, int64_t cfg, int64_t cols) {
+  const Sizes s = check_layer(x, factors, version);
   check_like(out, "out", x, {s.B, s.N}, "(batch, N)");
   check_states(states, x, s, false);
-  lab::check_version(x, "x", version, 1, 2, "kron");
+  lab::check_version(x, "x", version, 1, 3, "kron");
   LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
   LAB_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
+  if (version == 3) {
+    LAB_CHECK_VALUE(states.empty(), "kron: version 3 has no backward yet and saves no states; pass states=[]");
+    LAB_CHECK_VALUE(cfg <= 1, "kron: version 3's configurations are 0 (8 warps) and 1 (4 warps), got cfg ", cfg);
+    return forward_v3(x, factors, out, s, cfg, cols);
+  }
   const int K = int(s.f.size());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_forward", [&] {
     if (x.is_cuda()) {
@@ -248,6 +320,7 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
     std::snprintf(name, sizeof(name), "dws[%d]", k);
     check_like(dws[k], name, x, {s.f[k], s.f[k]}, "like factors[k]");
   }
+  LAB_CHECK_VALUE(version != 3, "kron: version 3 (tensor cores) has no backward yet; use version 2 for training");
   lab::check_version(x, "x", version, 1, 2, "kron");
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_backward", [&] {
     if (x.is_cuda()) {
@@ -281,8 +354,14 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
 
 // What v2 would launch for a batch and factor sizes (x: any CUDA tensor of the dtype, for dtype and device):
 // (fits, cfg, c, slices per sample, shared bytes per block, blocks per SM, threads, TM, TN, cost, device smem limit)
-py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t cfg, int64_t cols) {
-  lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
+// version 3: (x Float or BFloat16) what v3 would launch; cfg 0..1 forces a configuration
+py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t cfg, int64_t cols,
+                    int64_t version) {
+  LAB_CHECK_VALUE(version == 2 || version == 3, "fused_plan: version must be 2 or 3, got ", version);
+  if (version == 3)
+    lab::check_dtype(x, "x", {at::kFloat, at::kBFloat16});
+  else
+    lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
   LAB_CHECK_VALUE(x.is_cuda(), "fused_plan: x must be a CUDA tensor (it names the device and dtype), got ",
                     x.device().str());
   const size_t nf = py::len(sizes);
@@ -300,9 +379,17 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
   std::vector<int64_t> info(kron::kPlanFields, 0);
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
-  const FusedKernels kern = fused_kernels(x.scalar_type());
-  lab::launcher<FusedPlanFn>(kname("kron_fused_plan", x.scalar_type()))(batch, N, f.data(), int(f.size()), int(cfg),
-                                                                       int(cols), &kern, info.data());
+  if (version == 3) {
+    Sizes s;
+    s.B = batch;
+    s.N = N;
+    s.f = f;
+    v3_plan(x.scalar_type(), s, cfg, cols, info.data());
+  } else {
+    const FusedKernels kern = fused_kernels(x.scalar_type());
+    lab::launcher<FusedPlanFn>(kname("kron_fused_plan", x.scalar_type()))(batch, N, f.data(), int(f.size()),
+                                                                         int(cfg), int(cols), &kern, info.data());
+  }
 #else
   LAB_NO_CUDA_BUILD("fused_plan");
 #endif
@@ -313,13 +400,13 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Kronecker-factored linear layer y = x (W_K kron ... kron W_1); version 0 = C++ CPU code, 1 = per-factor "
-            "CUDA kernels, 2 = fused CUDA kernel";
+            "CUDA kernels, 2 = fused CUDA kernel, 3 = fused on tensor cores (TF32 / bf16)";
   m.def("forward", lab::bind(forward),
         "forward(x, factors, out, states, version, cfg, cols) -> out = x (W_K kron ... kron W_1)");
   m.def("backward", lab::bind(backward),
         "backward(g, x, factors, states, dx, dws, version) -> dx; dws[k] = dL/dfactors[k]");
   m.def("fused_plan", lab::bind(fused_plan),
-        "fused_plan(x, batch, sizes, cfg, cols) -> {fits, cfg, c, slices, smem_bytes, blocks_per_sm, threads, TM, TN, "
+        "fused_plan(x, batch, sizes, cfg, cols, version) -> {fits, cfg, c, slices, smem_bytes, blocks_per_sm, threads, TM, TN, "
         "cost, smem_limit} (cuda_src/kron/plan_info.h)");
   LAB_BIND_UNITS(m);
 }

@@ -14,13 +14,17 @@ C++ CPU version). Versions (ours):
   cpu         C++ with at::parallel_for (the same steps as the CUDA code)
   v1          CUDA: one tiled kernel per factor; backward: per-factor R-step and split-K dW kernels
   v2          CUDA: one fused kernel for all factors, each sample's state in shared memory (v1 where it does not fit)
+  v3          CUDA: v2's fusion on tensor cores (mma.sync): TF32 on float32 tensors, bf16 on bfloat16 ones; forward
+              only (where no configuration fits: v2, on float32 copies for bfloat16)
 Baselines (PyTorch, named for what they run):
   torch       what one writes first: per factor reshape / matmul / movedim (every reshape of the moved view copies)
   torch.bmm   one strided-batched GEMM (torch.bmm) per factor, the axis move folded into the operand layout (no
-              copies); the baseline speedups are measured against
+              copies); the baseline speedups are measured against (strict fp32 on float32, bf16 on bfloat16)
+  torch.bmm.tf32  the same with TF32 on: v3's baseline on float32 tensors
   torch.kron  builds the N×N matrix with torch.kron, then x @ M (what the factorisation avoids)
 
-`kron(x, factors, version)` is differentiable (autograd.Function for cpu/v1/v2, PyTorch autograd for the baselines).
+`kron(x, factors, version)` is differentiable (autograd.Function for cpu/v1/v2, PyTorch autograd for the baselines);
+v3 is forward-only and says so when a gradient is asked of it.
 """
 from __future__ import annotations
 
@@ -34,12 +38,13 @@ from torch.autograd.function import once_differentiable
 from .. import build
 from ..registry import Family, Op, Version, register, version_number
 from ..timing import time_cuda
-from ._common import elem_size, randn, strict_fp32
+from ._common import elem_size, matmul_tf32, randn, strict_fp32
 
 FAMILY = "kron"
 MAX_FACTORS = 16  # as in cuda_src/kron/kron.cuh
-KERNELS = ("cpu", "v1", "v2")
-TORCH_VERSIONS = ("torch", "torch.bmm", "torch.kron")  # baselines
+KERNELS = ("cpu", "v1", "v2", "v3")
+TORCH_VERSIONS = ("torch", "torch.bmm", "torch.bmm.tf32", "torch.kron")  # baselines
+TENSOR_CORE = ("v3",)  # TF32 on float32 tensors, bf16 on bfloat16 ones; forward only
 
 
 def ext():
@@ -89,8 +94,8 @@ def check_inputs(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> tuple[int,
     if isinstance(factors, torch.Tensor):
         raise TypeError("factors must be a list of square matrices [W_1, …, W_K], got a single tensor")
     factors = list(factors)
-    if x.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"x must be Float or Double, got {_tname(x.dtype)}")
+    if x.dtype not in (torch.float32, torch.float64, torch.bfloat16):
+        raise TypeError(f"x must be Float, Double or BFloat16 (version v3 only), got {_tname(x.dtype)}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (batch, N), got {x.dim()}-D tensor of shape {_shape(x)}")
     if not factors:
@@ -168,18 +173,30 @@ def kron_bmm(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
         return x.reshape(B, N)
 
 
+def kron_bmm_tf32(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """kron_bmm with TF32 on: cuBLAS-factorwise at v3's precision on float32 tensors."""
+    with matmul_tf32(True):
+        B, N = x.shape
+        for w in reversed(factors):
+            f = w.shape[0]
+            x = torch.bmm(x.view(B, f, N // f).transpose(1, 2), w.expand(B, f, f))
+        return x.reshape(B, N)
+
+
 def kron_full(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
     """The baseline the factorisation avoids: build M = W_K ⊗ … ⊗ W_1 (N×N) and multiply."""
     with strict_fp32():
         return x @ kron_full_matrix(factors)
 
 
-PYTORCH = {"torch": kron_torch, "torch.bmm": kron_bmm, "torch.kron": kron_full}
+PYTORCH = {"torch": kron_torch, "torch.bmm": kron_bmm, "torch.bmm.tf32": kron_bmm_tf32, "torch.kron": kron_full}
 
 
 # ---- cpu, v1, v2: the compiled code ---------------------------------------------------------------------------------
 def _default(x: torch.Tensor) -> str:
-    return "v2" if x.is_cuda else "cpu"
+    if not x.is_cuda:
+        return "cpu"
+    return "v3" if x.dtype == torch.bfloat16 else "v2"
 
 
 def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor | None = None,
@@ -187,8 +204,9 @@ def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor 
             cols: int = 0) -> torch.Tensor:
     """y = x · (W_K ⊗ … ⊗ W_1) into `out` with the compiled code, no autograd. x: (batch, N).
 
-    states: None, or K-1 tensors (batch, N) that receive the intermediate states F_1 … F_{K-1} (for `backward`).
-    cfg, cols: force the CUDA block configuration (0..2) and v2's slice width (kron.tune); -1 / 0 = automatic.
+    states: None, or K-1 tensors (batch, N) that receive the intermediate states F_1 … F_{K-1} (for `backward`;
+    not v3). cfg, cols: force the CUDA block configuration (v1/v2: 0..2, v3: 0..1) and the fused kernels' slice width
+    (kron.tune); -1 / 0 = automatic.
     """
     check_inputs(x, factors)
     out = torch.empty_like(x) if out is None else out
@@ -216,6 +234,9 @@ class KronFunction(torch.autograd.Function):
         x = x.contiguous()
         factors = [w.contiguous() for w in factors]
         need = any(ctx.needs_input_grad[i] for i in [0] + list(range(4, 4 + len(factors))))
+        if need and version in TENSOR_CORE:
+            raise ValueError(f"kron: {version} (tensor cores) is forward-only: it has no backward yet; use v2 (float32) "
+                             "for training, or call it under torch.no_grad()")
         states = [torch.empty_like(x) for _ in range(len(factors) - 1)] if need else []
         y = torch.empty_like(x)
         ext().forward(x, factors, y, states, version_number(version), cfg, cols)
@@ -242,8 +263,9 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
     """y = x · (W_K ⊗ … ⊗ W_1), differentiable in x and every factor.
 
     x: (batch, N); factors: [W_1, …, W_K], W_k (f_k, f_k), N = f_1·…·f_K, W_1 on the fastest axis of x.
-    version: 'cpu', 'v1', 'v2' (compiled; default v2 on CUDA, cpu on the CPU) or a PyTorch baseline: 'torch',
-    'torch.bmm', 'torch.kron'.
+    version: 'cpu', 'v1', 'v2', 'v3' (compiled; default v2 on CUDA — v3 for bfloat16 —, cpu on the CPU) or a PyTorch
+    baseline: 'torch', 'torch.bmm', 'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2 take float32/float64, v3 float32 (TF32)
+    and bfloat16.
     """
     check_inputs(x, factors)
     version = version or _default(x)
@@ -273,12 +295,12 @@ class KronLinear(torch.nn.Module):
 
 # ---- v2's launch choice, and timing the alternatives ---------------------------------------------------------------
 def plan(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda", cfg: int = -1,
-         cols: int = 0) -> dict:
-    """What v2 launches for this batch and factorisation: block configuration, slice width c (columns of W_K per
-    block), slices per sample, shared memory per block, resident blocks per SM; fits=0 means v2 runs v1. The field
-    names come from the binding (written once, in cuda_src/kron/plan_info.h)."""
+         cols: int = 0, version: str = "v2") -> dict:
+    """What v2 (or v3) launches for this batch and factorisation: block configuration, slice width c (columns of W_K
+    per block), slices per sample, shared memory per block, resident blocks per SM; fits=0 means v2 runs v1 (v3 runs
+    v2). For v3, TM and TN are the warp tile. The field names come from the binding (cuda_src/kron/plan_info.h)."""
     like = torch.empty(0, dtype=dtype, device=device)
-    return dict(ext().fused_plan(like, int(batch), list(parse_factors(sizes)), cfg, cols))
+    return dict(ext().fused_plan(like, int(batch), list(parse_factors(sizes)), cfg, cols, version_number(version)))
 
 
 def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda",
@@ -388,12 +410,16 @@ IDEAS = {
     "cpu": "C++ with at::parallel_for: the same F-steps, 64-row blocks of y kept in cache",
     "v1": "CUDA: one tiled kernel per factor (cp.async 2-stage pipeline, 8x8 or 4x4 register tiles)",
     "v2": "CUDA: one fused kernel, the sample's state in shared memory from W_K to W_1",
+    "v3": "CUDA: v2's fusion on tensor cores (mma.sync TF32 / bf16, ldmatrix), the state stored in the next A layout",
     "torch": "PyTorch as one writes it: reshape / matmul / movedim per factor (a copy per factor)",
     "torch.bmm": "PyTorch: one strided-batched GEMM per factor, axis move folded into the operand layout",
+    "torch.bmm.tf32": "torch.bmm with TF32 on (cuBLAS TF32): v3's baseline on float32 tensors",
     "torch.kron": "torch.kron builds the N×N matrix, then x @ M",
 }
 
-DT = (torch.float32, torch.float64)
+F32_F64, F32_BF16, F32 = (torch.float32, torch.float64), (torch.float32, torch.bfloat16), (torch.float32,)
+DT = (torch.float32, torch.float64, torch.bfloat16)  # bfloat16: v3 and the torch baselines only
+DT_TRAIN = F32_F64
 # 1-wide and prime factors, K = 1..4, a batch that splits into many blocks, 128x128, and one shape over v2's
 # shared-memory limit (it falls back to v1)
 CHECK = [{"batch": b, "factors": f} for b, f in [
@@ -413,16 +439,30 @@ def _versions(train: bool, full: bool = True) -> list[Version]:
     for name in KERNELS:
         dev = "cpu" if name == "cpu" else "cuda"
         if train:
-            vs.append(Version(name, _train(name), dev, IDEAS[name], takes_out=False, graph=name != "cpu"))
+            if name in TENSOR_CORE:
+                continue  # forward-only
+            vs.append(Version(name, _train(name), dev, IDEAS[name], takes_out=False, graph=name != "cpu",
+                              dtypes=F32_F64))
+        elif name in TENSOR_CORE:
+            # TF32 on float32, bf16 on bfloat16; %peak against cuBLAS at that precision
+            vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=True, precision="tf32",
+                              dtypes=F32_BF16, ceiling="gemm"))
         else:
-            vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=name == "v1"))
+            vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=name in ("v1", "v2"),
+                              dtypes=F32_F64))
     for name in TORCH_VERSIONS:
         if name == "torch.kron" and (train or not full):
             continue
+        if name == "torch.bmm.tf32" and train:
+            continue
         fn = _train(name) if train else _fwd_torch(name)
         # torch.kron is checked by the tests on small N only (its N×N matrix is 4·N² bytes)
-        vs.append(Version(name, fn, "any", IDEAS[name], baseline=True, takes_out=False, check=name != "torch.kron",
-                          graph=name != "torch.kron"))
+        # the cuBLAS baselines are held against cuBLAS's own GEMM rate at their precision (bf16 runs on tensor cores)
+        extra = dict(precision="tf32", dtypes=F32, ceiling="gemm") if name == "torch.bmm.tf32" else \
+            dict(dtypes=F32_F64) if name == "torch.kron" else dict(ceiling="gemm")
+        vs.append(Version(name, fn, "any" if name != "torch.bmm.tf32" else "cuda", IDEAS[name], baseline=True,
+                          takes_out=False, check=name not in ("torch.kron", "torch.bmm.tf32"),
+                          graph=name != "torch.kron", **extra))
     return vs
 
 
@@ -430,7 +470,7 @@ OPS = [
     Op(FAMILY, "forward", make_forward_inputs, kron_ref, _versions(False), CHECK, BENCH, BENCH_CPU, DT,
        nbytes=_bytes, flops=_flops, formula=FORMULA, size_key="batch", baseline="torch.bmm", compute_ceiling="fma",
        doc="y = x · (W_K ⊗ … ⊗ W_1); batch sweep at factors 128×128"),
-    Op(FAMILY, "forward_backward", make_train_inputs, train_ref, _versions(True), CHECK, BENCH, BENCH_CPU, DT,
+    Op(FAMILY, "forward_backward", make_train_inputs, train_ref, _versions(True), CHECK, BENCH, BENCH_CPU, DT_TRAIN,
        nbytes=lambda s, dt: (4.0 * s["batch"] * math.prod(_sizes(s)) + 2 * sum(f * f for f in _sizes(s)))
        * elem_size(dt),
        flops=lambda s, dt: 3 * _flops(s, dt), formula=FORMULA_TRAIN, size_key="batch", baseline="torch.bmm",
