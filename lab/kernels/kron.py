@@ -304,37 +304,41 @@ def plan(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
 
 
 def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda",
-         budget_ms: float = 40.0) -> list[dict]:
-    """Time v2 for every (configuration, slice width) that fits and v1 for every configuration, against the automatic
-    choice: rows (version, cfg, c, slices, blocks_per_sm, smem_bytes, median_us, auto)."""
+         budget_ms: float = 40.0, version: str = "v2") -> list[dict]:
+    """Time every (configuration, slice width) of a fused version that fits, against its automatic choice: rows
+    (version, cfg, c, slices, blocks_per_sm, smem_bytes, median_us, auto). version "v2" (float32/float64) also times
+    v1 in every configuration; "v3" (float32 in TF32, bfloat16) its two configurations."""
     sizes = parse_factors(sizes)
     g = torch.Generator().manual_seed(0)
     x, *fs = make_forward_inputs({"batch": batch, "factors": factors_label(sizes)}, dtype, torch.device(device), g)
     out = torch.empty_like(x)
-    auto = plan(batch, sizes, dtype, device)
+    auto = plan(batch, sizes, dtype, device, version=version)
     rows = []
 
-    def timed(version, cfg, cols):
-        return time_cuda(lambda: ext().forward(x, fs, out, [], version_number(version), cfg, cols),
-                         budget_ms=budget_ms).median_us
+    def timed(v, cfg, cols):
+        with build.frozen():
+            return time_cuda(lambda: ext().forward(x, fs, out, [], version_number(v), cfg, cols),
+                             budget_ms=budget_ms).median_us
 
     fK = sizes[-1]
-    cs = sorted({(-(-fK // n) + 3) // 4 * 4 for n in (1, 2, 4, 8, 16, 32) if -(-fK // n) >= 1}, reverse=True)
-    for cfg in range(3):
+    q = 8 if version == "v3" else 4  # slice widths are multiples of this
+    cs = sorted({(-(-fK // n) + q - 1) // q * q for n in (1, 2, 4, 8, 16, 32) if -(-fK // n) >= 1}, reverse=True)
+    for cfg in range(2 if version == "v3" else 3):
         for c in cs:
-            p = plan(batch, sizes, dtype, device, cfg, c)
-            if not p["fits"]:
+            p = plan(batch, sizes, dtype, device, cfg, c, version=version)
+            if not p["fits"] or p["c"] != c:
                 continue
-            rows.append({"version": "v2", "cfg": cfg, "c": p["c"], "slices": p["slices"],
+            rows.append({"version": version, "cfg": cfg, "c": p["c"], "slices": p["slices"],
                          "blocks_per_sm": p["blocks_per_sm"], "smem_bytes": p["smem_bytes"],
-                         "median_us": timed("v2", cfg, c),
+                         "median_us": timed(version, cfg, c),
                          "auto": bool(auto["fits"] and auto["cfg"] == cfg and auto["c"] == p["c"])})
-    for cfg in range(3):
-        rows.append({"version": "v1", "cfg": cfg, "c": None, "slices": None, "blocks_per_sm": None,
-                     "smem_bytes": None, "median_us": timed("v1", cfg, 0), "auto": False})
-    rows.append({"version": "v2 (auto)", "cfg": auto["cfg"], "c": auto["c"], "slices": auto["slices"],
+    if version == "v2":
+        for cfg in range(3):
+            rows.append({"version": "v1", "cfg": cfg, "c": None, "slices": None, "blocks_per_sm": None,
+                         "smem_bytes": None, "median_us": timed("v1", cfg, 0), "auto": False})
+    rows.append({"version": f"{version} (auto)", "cfg": auto["cfg"], "c": auto["c"], "slices": auto["slices"],
                  "blocks_per_sm": auto["blocks_per_sm"], "smem_bytes": auto["smem_bytes"],
-                 "median_us": timed("v2", -1, 0), "auto": True})
+                 "median_us": timed(version, -1, 0), "auto": True})
     return rows
 
 
