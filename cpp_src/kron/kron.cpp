@@ -267,7 +267,7 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
       FusedKernels kern{};
       if (version == 2) {
         kern = fused_kernels(dt);
-        int64_t info[11];
+        int64_t info[kron::kPlanFields];
         lab::launcher<FusedPlanFn>(kname("kron_fused_plan", dt))(s.B, s.N, s.f.data(), K, int(cfg), int(cols), &kern,
                                                                  info);
         fused_fits = info[0] != 0;

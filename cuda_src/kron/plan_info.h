@@ -1,4 +1,4 @@
-// kron/plan_info.h — the fields of v2's launch plan, named once: v2_plan.cu fills an array in this order, the binding
+// kron/plan_info.h — the fields of v2's and v3's launch plans, named once: v2_plan.cu and v3.cu fill an array in this order, the binding
 // (cpp_src/kron/kron.cpp, fused_plan) hands it to Python as a dict under these names. Plain C++, no CUDA.
 #pragma once
 
@@ -15,8 +15,9 @@ enum PlanField {
   kTN,           // register tile columns per thread
   kCost,         // the cost model's estimate the configuration was picked by
   kSmemLimit,    // the device's opt-in shared memory per block
+  kStages,       // cp.async pipeline stages (v2: 2; v3: planned, stages - 1 chunks in flight per block)
   kPlanFields
 };
 inline constexpr const char* kPlanFieldNames[kPlanFields] = {
-    "fits", "cfg", "c", "slices", "smem_bytes", "blocks_per_sm", "threads", "TM", "TN", "cost", "smem_limit"};
+    "fits", "cfg", "c", "slices", "smem_bytes", "blocks_per_sm", "threads", "TM", "TN", "cost", "smem_limit", "stages"};
 }  // namespace kron

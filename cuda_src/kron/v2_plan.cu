@@ -180,6 +180,7 @@ void fused_plan_info(int64_t B, int64_t N, const int* f, int K, int cfg, int col
   info[kTN] = cs.tn;
   info[kCost] = int64_t(p.cost);
   info[kSmemLimit] = device_facts().smem_optin;
+  info[kStages] = 2;
 }
 
 }  // namespace kron
@@ -188,6 +189,6 @@ void fused_plan_info(int64_t B, int64_t N, const int* f, int K, int cfg, int col
 //   kron_v2_forward: cudaError_t (const T* x, T* y, const T* const* w, const int* f, int K, int64_t B, int64_t N,
 //                                 T* const* states, int cfg, int cols, const FusedKernels<T>* kern, cudaStream_t)
 //   kron_fused_plan: void (int64_t B, int64_t N, const int* f, int K, int cfg, int cols, const FusedKernels<T>* kern,
-//                          int64_t* info /* [11] */)
+//                          int64_t* info /* [kPlanFields] */)
 LAB_EXPORTS(LAB_EXPORT("kron_v2_forward", kron::fused_forward<kron::Real>),
             LAB_EXPORT("kron_fused_plan", kron::fused_plan_info<kron::Real>))

@@ -57,25 +57,35 @@ constexpr int kThreads = kWarps * 32;
 // Shared-memory operands are k-major: A(m, k) at s[k·ld + m], B(k, n) at s[k·ld + n]. g = lane/4, t = lane%4.
 template <class T> struct Mma;
 
-template <> struct Mma<float> {  // m16n8k8 TF32: the tensor core reads the top 19 bits of each fp32 operand
+// fp32 -> TF32, rounded to nearest (ties away). The tensor core would truncate the low 13 bits instead: a bias of
+// half a TF32 ulp toward zero in every operand that, over a 128-term sum and two factors, measured 3.5e-3 relative
+// error on the H100 (over TF32's 3e-3 tolerance); rounded, the errors cancel.
+__device__ __forceinline__ uint32_t tf32(float v) {
+  uint32_t u;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(v));
+  return u;
+}
+
+template <> struct Mma<float> {  // m16n8k8 TF32
   static constexpr int KS = 8;   // k per mma
   static constexpr int KC = 16;  // k per pipeline stage (64 bytes of a row)
-  // a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)
+  // a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4). ROUND: the operand is raw fp32 (x, W), not a state this
+  // kernel already rounded to TF32
+  template <bool ROUND>
   __device__ __forceinline__ static void load_a(uint32_t (&a)[4], const float* s, int ld, int m0, int k0, int lane) {
     const float* p = s + (k0 + (lane & 3)) * ld + m0 + (lane >> 2);
-    a[0] = __float_as_uint(p[0]);
-    a[1] = __float_as_uint(p[8]);
-    a[2] = __float_as_uint(p[4 * ld]);
-    a[3] = __float_as_uint(p[4 * ld + 8]);
+    const float v[4] = {p[0], p[8], p[4 * ld], p[4 * ld + 8]};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = ROUND ? tf32(v[i]) : __float_as_uint(v[i]);
   }
-  // two n8 tiles at n0 and n0 + 8: b0 (t, g), b1 (t+4, g) of each
+  // two n8 tiles at n0 and n0 + 8: b0 (t, g), b1 (t+4, g) of each (W: always rounded)
   __device__ __forceinline__ static void load_b2(uint32_t (&b)[4], const float* s, int ld, int n0, int k0,
                                                  int lane) {
     const float* p = s + (k0 + (lane & 3)) * ld + n0 + (lane >> 2);
-    b[0] = __float_as_uint(p[0]);
-    b[1] = __float_as_uint(p[4 * ld]);
-    b[2] = __float_as_uint(p[8]);
-    b[3] = __float_as_uint(p[4 * ld + 8]);
+    b[0] = tf32(p[0]);
+    b[1] = tf32(p[4 * ld]);
+    b[2] = tf32(p[8]);
+    b[3] = tf32(p[4 * ld + 8]);
   }
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -97,6 +107,7 @@ template <> struct Mma<__nv_bfloat16> {  // m16n8k16 bf16
   // ldmatrix .trans hands lane (g, t) the elements (rows 2t, 2t+1; column g) of each stored 8×8 matrix: with rows = k
   // that is an mma fragment register. Lane l addresses row l%8 of matrix l/8.
   // A: matrices (k 0-7, m 0-7) -> a0, (k 0-7, m 8-15) -> a1, (k 8-15, m 0-7) -> a2, (k 8-15, m 8-15) -> a3
+  template <bool ROUND>
   __device__ __forceinline__ static void load_a(uint32_t (&a)[4], const __nv_bfloat16* s, int ld, int m0, int k0,
                                                 int lane) {
     const int j = lane >> 3, r = lane & 7;
@@ -123,11 +134,7 @@ constexpr int VW = 16 / int(sizeof(Elem));  // elements per 16-byte vector
 
 // The state between factors: TF32 keeps fp32 storage, rounded to nearest TF32 (the next step would truncate it);
 // bf16 rounds to nearest bf16, as cuBLAS-factorwise writes its intermediate.
-__device__ __forceinline__ float state_val(float v, float*) {
-  uint32_t u;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(v));
-  return __uint_as_float(u);
-}
+__device__ __forceinline__ float state_val(float v, float*) { return __uint_as_float(tf32(v)); }
 __device__ __forceinline__ __nv_bfloat16 state_val(float v, __nv_bfloat16*) { return __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store_pair(float* p, float v0, float v1) {
   *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
@@ -184,13 +191,47 @@ __device__ __forceinline__ void stage(Elem* dst, int ld, const Elem* src, long k
   }
 }
 
+// ---- an ns-stage cp.async pipeline, one barrier per chunk ---------------------------------------------------------
+// ns - 1 chunks are in flight while one is multiplied (v2's pipeline keeps one in flight, behind two barriers: at
+// batch 32 a chunk then cost ~1.3 us, mostly waiting). Chunk c + ns - 1 goes into the stage chunk c - 1 used, right
+// after the barrier that every warp passes only when done with chunk c - 1.
+__device__ __forceinline__ void cp_async_wait_upto(int n) {  // wait_group takes an immediate
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    default: cp_async_wait<6>(); break;
+  }
+}
+constexpr int kMaxStages = 8;
+
+template <class Issue, class Compute>
+__device__ __forceinline__ void pipeline_ns(int nchunks, int ns, Issue&& issue, Compute&& compute) {
+  for (int c = 0; c < ns - 1; ++c) {
+    if (c < nchunks) issue(c, c);
+    cp_async_commit();
+  }
+  for (int c = 0; c < nchunks; ++c) {
+    cp_async_wait_upto(ns - 2);  // this thread's copies of chunk c have landed
+    __syncthreads();             // everyone's have, and every warp is done with chunk c - 1
+    const int nx = c + ns - 1;
+    if (nx < nchunks) issue(nx % ns, nx);
+    cp_async_commit();  // possibly empty: keeps the group count uniform
+    compute(c % ns, c);
+  }
+  __syncthreads();  // the stages are free for the next tile
+}
+
 struct Args {
   const Elem* x;
   Elem* y;
   const Elem* w[kMaxFactors];
   int f[kMaxFactors];
   long N;
-  int K, c, nslices, ldA1, ldB, buf_elems;
+  int K, c, nslices, ldA1, ldB, buf_elems, stages;
   unsigned wvec;  // bit k: factor k can be staged in 16-byte vectors
   bool vec_x;     // x[b] rows (P1 long) in 16-byte vectors
   bool pair_y;    // adjacent outputs of the last step stored as one 8- (fp32) or 4-byte (bf16) word
@@ -202,9 +243,10 @@ struct Args {
 // ---------------------------------------------------------------------------------------------------------------
 __global__ void __launch_bounds__(kThreads, kWarps == 8 ? 2 : 3) fused_tc_kernel(const __grid_constant__ Args a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  Elem* const As = reinterpret_cast<Elem*>(smem_raw);  // [2][KC][ldA1]: x chunks (step 1 only)
-  Elem* const Bs = As + 2 * KC * a.ldA1;               // [2][KC][ldB]: factor chunks
-  Elem* const buf0 = Bs + 2 * KC * a.ldB;              // states: the second buffer only for K >= 3
+  const int ns = a.stages;
+  Elem* const As = reinterpret_cast<Elem*>(smem_raw);  // [ns][KC][ldA1]: x chunks (step 1 only)
+  Elem* const Bs = As + ns * KC * a.ldA1;              // [ns][KC][ldB]: factor chunks
+  Elem* const buf0 = Bs + ns * KC * a.ldB;             // states: the second buffer only for K >= 3
   Elem* const buf1 = buf0 + a.buf_elems;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int K = a.K;
@@ -253,8 +295,8 @@ __global__ void __launch_bounds__(kThreads, kWarps == 8 ? 2 : 3) fused_tc_kernel
         for (int j = 0; j < kNI; ++j)
 #pragma unroll
           for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;
-      pipeline(
-          cdiv(kd, KC),
+      pipeline_ns(
+          cdiv(kd, KC), ns,
           [&](int st, int ch) {
             if (s == 1) stage(As + st * KC * a.ldA1, a.ldA1, xb, P1, ch * KC, kd, m0, P1, L.bm, a.vec_x);
             stage(Bs + st * KC * a.ldB, a.ldB, wsrc, kd, ch * KC, kd, n0, wpd, L.bn, vec_w);
@@ -269,7 +311,13 @@ __global__ void __launch_bounds__(kThreads, kWarps == 8 ? 2 : 3) fused_tc_kernel
               if (ch * KC + kk >= kd) break;  // uniform: the last chunk of a short k
               uint32_t af[kMI][4], bf[kNI / 2][4];
 #pragma unroll
-              for (int i = 0; i < kMI; ++i) M::load_a(af[i], as, lda, am0 + i * 16, kk, lane);
+              if (s == 1) {
+#pragma unroll
+                for (int i = 0; i < kMI; ++i) M::load_a<true>(af[i], as, lda, am0 + i * 16, kk, lane);
+              } else {
+#pragma unroll
+                for (int i = 0; i < kMI; ++i) M::load_a<false>(af[i], as, lda, am0 + i * 16, kk, lane);
+              }
 #pragma unroll
               for (int j = 0; j < kNI / 2; ++j) M::load_b2(bf[j], bs, a.ldB, wn * 32 + j * 16, kk, lane);
 #pragma unroll
@@ -324,14 +372,15 @@ __global__ void __launch_bounds__(kThreads, kWarps == 8 ? 2 : 3) fused_tc_kernel
 // ---- planning: slice width c for this configuration, and what it costs ----------------------------------------------
 struct Plan {
   bool ok = false;
-  int c = 0, nslices = 0, ldA1 = 0, ldB = 0, buf_elems = 0, nbuf = 0, blocks_per_sm = 0;
+  int c = 0, nslices = 0, ldA1 = 0, ldB = 0, buf_elems = 0, nbuf = 0, blocks_per_sm = 0, stages = 2;
   long smem = 0;
   double cost = 0;
 };
 
-Plan layout(long N, const int* f, int K, int c) {
+Plan layout(long N, const int* f, int K, int c, int stages) {
   Plan p;
   p.c = c;
+  p.stages = stages;
   const int fK = f[K - 1];
   const long P1 = N / fK, S = P1 * c;
   if (P1 > (1L << 26) || S > (1L << 26)) return p;
@@ -350,7 +399,7 @@ Plan layout(long N, const int* f, int K, int c) {
   p.nbuf = K >= 3 ? 2 : (K == 2 ? 1 : 0);
   p.buf_elems = int(buf);
   p.nslices = cdiv(fK, c);
-  p.smem = long(sizeof(Elem)) * (2L * KC * p.ldA1 + 2L * KC * p.ldB + long(p.nbuf) * buf);
+  p.smem = long(sizeof(Elem)) * (long(stages) * KC * (p.ldA1 + p.ldB) + long(p.nbuf) * buf);
   p.ok = p.smem <= device_facts().smem_optin;
   return p;
 }
@@ -415,14 +464,21 @@ Plan plan(long B, long N, const int* f, int K, int force_c) {
   }
   optin();
   for (int c : cs) {
-    Plan p = layout(N, f, K, c);
-    if (!p.ok) continue;
-    int bps = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, fused_tc_kernel, kThreads, size_t(p.smem));
-    if (bps <= 0) continue;
-    p.blocks_per_sm = bps;
-    p.cost = cost(p, B, N, f, K);
-    if (!best.ok || p.cost < best.cost * 0.999) best = p;
+    // stages: the most chunks in flight per SM (stages - 1 per resident block), ties to more resident blocks
+    Plan pc;
+    for (int st = 2; st <= kMaxStages; ++st) {
+      Plan p = layout(N, f, K, c, st);
+      if (!p.ok) break;
+      int bps = 0;
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, fused_tc_kernel, kThreads, size_t(p.smem));
+      if (bps <= 0) break;
+      p.blocks_per_sm = bps;
+      const int fly = (st - 1) * bps, best_fly = (pc.stages - 1) * pc.blocks_per_sm;
+      if (!pc.ok || fly > best_fly || (fly == best_fly && bps > pc.blocks_per_sm)) pc = p;
+    }
+    if (!pc.ok) continue;
+    pc.cost = cost(pc, B, N, f, K);
+    if (!best.ok || pc.cost < best.cost * 0.999) best = pc;
   }
   std::lock_guard<std::mutex> g(mu);
   cache[key] = best;
@@ -444,6 +500,7 @@ void plan_info(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* inf
   info[kTN] = 8 * kNI;
   info[kCost] = int64_t(p.cost);
   info[kSmemLimit] = device_facts().smem_optin;
+  info[kStages] = p.stages;
 }
 
 cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, int K, int64_t B, int64_t N,
@@ -461,6 +518,7 @@ cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, 
   a.ldA1 = p.ldA1;
   a.ldB = p.ldB;
   a.buf_elems = p.buf_elems;
+  a.stages = p.stages;
   for (int k = 0; k < K; ++k) {
     a.w[k] = w[k];
     a.f[k] = f[k];

@@ -329,7 +329,7 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
             if not p["fits"] or p["c"] != c:
                 continue
             rows.append({"version": version, "cfg": cfg, "c": p["c"], "slices": p["slices"],
-                         "blocks_per_sm": p["blocks_per_sm"], "smem_bytes": p["smem_bytes"],
+                         "blocks_per_sm": p["blocks_per_sm"], "smem_bytes": p["smem_bytes"], "stages": p["stages"],
                          "median_us": timed(version, cfg, c),
                          "auto": bool(auto["fits"] and auto["cfg"] == cfg and auto["c"] == p["c"])})
     if version == "v2":
