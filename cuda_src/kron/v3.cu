@@ -143,6 +143,13 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* p, float v0, float v1)
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
 }
 __device__ __forceinline__ void store_one(float* p, float v) { *p = v; }
+// two adjacent state elements, 8-byte (fp32) or 4-byte (bf16) aligned
+__device__ __forceinline__ void store_state_pair(float* p, float v0, float v1) {
+  *reinterpret_cast<float2*>(p) = make_float2(__uint_as_float(tf32(v0)), __uint_as_float(tf32(v1)));
+}
+__device__ __forceinline__ void store_state_pair(__nv_bfloat16* p, float v0, float v1) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+}
 // zero of the element type (torch builds with __CUDA_NO_BFLOAT16_CONVERSIONS__: no implicit float -> bf16)
 #if defined(LAB_VARIANT_dtype_bf16)
 __device__ __forceinline__ Elem elem_zero() { return __float2bfloat16_rn(0.f); }
@@ -172,19 +179,22 @@ __host__ __device__ inline int a_ld(int mrow, const StepTile& L) { return cdiv(m
 // ---- staging one KC-deep chunk: dst[kk·ld + pp] = src[(k0 + kk)·kstride + p0 + pp], zero past kd / pd -----------
 // vec: pd, kstride and p0 multiples of VW and src 16-byte aligned: 16-byte cp.async, zero-filled past the edges;
 // else element loads through registers (odd sizes: cp.async has no 2-byte form).
-__device__ __forceinline__ void stage(Elem* dst, int ld, const Elem* src, long kstride, int k0, int kd, int p0,
+// bp is a power of two (a block tile side), so rows and columns come from shifts: the first build divided by a
+// run-time bp here and in the stores, and ncu found those integer chains ("wait" stalls) ahead of the mma.
+__device__ __forceinline__ void stage(Elem* dst, int ld, const Elem* src, int kstride, int k0, int kd, int p0,
                                       int pd, int bp, bool vec) {
+  const int lb = __ffs(bp) - 1;  // log2(bp)
   if (vec) {
-    const int nv = bp / VW;  // vectors per row (bp is a multiple of 32)
-    for (int i = threadIdx.x; i < KC * nv; i += kThreads) {
-      const int kk = i / nv, pv = i - kk * nv;
-      const int k = k0 + kk, p = p0 + pv * VW;
+    const int lv = lb - (VW == 8 ? 3 : 2);  // log2(vectors per row)
+    for (int i = threadIdx.x; i < (KC << lv); i += kThreads) {
+      const int kk = i >> lv, pv = (i & ((1 << lv) - 1)) * VW;
+      const int k = k0 + kk, p = p0 + pv;
       const bool ok = k < kd && p < pd;
-      cp_async16(dst + kk * ld + pv * VW, ok ? src + long(k) * kstride + p : src, ok);
+      cp_async16(dst + kk * ld + pv, ok ? src + long(k) * kstride + p : src, ok);
     }
   } else {
-    for (int i = threadIdx.x; i < KC * bp; i += kThreads) {
-      const int kk = i / bp, pp = i - kk * bp;
+    for (int i = threadIdx.x; i < (KC << lb); i += kThreads) {
+      const int kk = i >> lb, pp = i & (bp - 1);
       const int k = k0 + kk, p = p0 + pp;
       dst[kk * ld + pp] = (k < kd && p < pd) ? src[long(k) * kstride + p] : elem_zero();
     }
@@ -257,7 +267,9 @@ __global__ void __launch_bounds__(kThreads, kWarps == 8 ? 2 : 3) fused_tc_kernel
   const int ccols = min(a.c, fK - c0);  // columns of W_K this slice really has
   const int P1 = int(N / fK);
   const long S = long(P1) * a.c;        // state elements
-  const long ylim = long(ccols) * P1;   // this slice's outputs: y[b][c0·P1 + e], e < ccols·P1
+  // this slice's outputs: y[b][c0·P1 + e], e < ccols·P1; as rows × columns of the last state (f_1 columns for
+  // K >= 2, and f_1 divides P1; for K = 1 one row of c columns, ccols of them real)
+  const int ylim_m = K == 1 ? 1 : ccols * (P1 / a.f[0]), ylim_n = K == 1 ? ccols : a.f[0];
   const Elem* const xb = a.x + b * N;
   Elem* const yb = a.y + b * N + long(c0) * P1;
 
@@ -327,43 +339,71 @@ __global__ void __launch_bounds__(kThreads, kWarps == 8 ? 2 : 3) fused_tc_kernel
             }
           });
 
-      // store: acc[i][j] holds rows (g, g+8), columns (2t, 2t+1) of mma tile (i, j)
+      // store: acc[i][j] holds rows (g, g+8), columns (2t, 2t+1) of mma tile (i, j); row pointers once per row,
+      // 32-bit index math (a state has at most 2^26 elements: plan)
       const int g = lane >> 2, tq = lane & 3;
+      const int mw = m0 + wm * 16 * kMI + g, nw = n0 + wn * 32 + 2 * tq;
+      if (last) {  // y: element (m, n) of the last state is yb[m·ncol + n], this slice's part only
 #pragma unroll
-      for (int i = 0; i < kMI; ++i)
+        for (int i = 0; i < kMI; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int m = m0 + wm * 16 * kMI + i * 16 + g + h * 8;
-          if (m >= mrow) continue;
+          for (int h = 0; h < 2; ++h) {
+            const int m = mw + i * 16 + h * 8;
+            if (m >= ylim_m) continue;
+            Elem* row = yb + m * ncol;
 #pragma unroll
-          for (int j = 0; j < kNI; ++j) {
-            const int n = n0 + wn * 32 + j * 8 + 2 * tq;
-            if (n >= ncol) continue;
-            const float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-            const long e = long(m) * ncol + n;  // flat index in the state
-            if (last) {
-              if (a.pair_y && e + 1 < ylim) {
-                store_pair(yb + e, v0, v1);
+            for (int j = 0; j < kNI; ++j) {
+              const int n = nw + j * 8;
+              if (n >= ylim_n) continue;
+              const float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+              if (a.pair_y) {  // ylim_n even: n + 1 is in too
+                store_pair(row + n, v0, v1);
               } else {
-                if (e < ylim) store_one(yb + e, v0);
-                if (n + 1 < ncol && e + 1 < ylim) store_one(yb + e + 1, v1);
-              }
-            } else if (nrow == ncol) {  // K = 2 and the like: (k', m') = (m, n)
-              Elem* d = dst + long(m) * nld + n;
-              d[0] = state_val(v0, d);
-              if (n + 1 < ncol) d[1] = state_val(v1, d);
-            } else {
-#pragma unroll
-              for (int u = 0; u < 2; ++u) {
-                if (n + u >= ncol) break;
-                const long eu = e + u;
-                const long kq = eu / nrow;
-                Elem* d = dst + kq * nld + (eu - kq * nrow);
-                *d = state_val(u ? v1 : v0, d);
+                store_one(row + n, v0);
+                if (n + 1 < ylim_n) store_one(row + n + 1, v1);
               }
             }
           }
-        }
+      } else if (nrow == ncol) {  // K = 2 and the like: (k', m') = (m, n), a padded row-major store
+#pragma unroll
+        for (int i = 0; i < kMI; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int m = mw + i * 16 + h * 8;
+            if (m >= mrow) continue;
+            Elem* row = dst + m * nld;
+#pragma unroll
+            for (int j = 0; j < kNI; ++j) {
+              const int n = nw + j * 8;
+              if (n >= ncol) continue;
+              const float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+              if (n + 1 < ncol)
+                store_state_pair(row + n, v0, v1);
+              else
+                row[n] = state_val(v0, row);
+            }
+          }
+      } else {  // general: flat index e -> (k', m') = (e / nrow, e % nrow)
+#pragma unroll
+        for (int i = 0; i < kMI; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int m = mw + i * 16 + h * 8;
+            if (m >= mrow) continue;
+#pragma unroll
+            for (int j = 0; j < kNI; ++j) {
+              const int n = nw + j * 8;
+#pragma unroll
+              for (int u = 0; u < 2; ++u) {
+                if (n + u >= ncol) break;
+                const int e = m * ncol + n + u;
+                const int kq = e / nrow;
+                Elem* d = dst + kq * nld + (e - kq * nrow);
+                *d = state_val(acc[i][j][2 * h + u], d);
+              }
+            }
+          }
+      }
     }
     __syncthreads();  // the state is complete before the next step reads it
   }
@@ -464,7 +504,8 @@ Plan plan(long B, long N, const int* f, int K, int force_c) {
   }
   optin();
   for (int c : cs) {
-    // stages: the most chunks in flight per SM (stages - 1 per resident block), ties to more resident blocks
+    // stages: as many as keep the most resident blocks. More stages at fewer blocks measured slower (fp32 at batch
+    // 1024: 2 blocks x 2 stages 140 us, 1 block x 8 stages 263 us): the kernel is bound by issue, not by load latency
     Plan pc;
     for (int st = 2; st <= kMaxStages; ++st) {
       Plan p = layout(N, f, K, c, st);
@@ -473,8 +514,7 @@ Plan plan(long B, long N, const int* f, int K, int force_c) {
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, fused_tc_kernel, kThreads, size_t(p.smem));
       if (bps <= 0) break;
       p.blocks_per_sm = bps;
-      const int fly = (st - 1) * bps, best_fly = (pc.stages - 1) * pc.blocks_per_sm;
-      if (!pc.ok || fly > best_fly || (fly == best_fly && bps > pc.blocks_per_sm)) pc = p;
+      if (!pc.ok || bps > pc.blocks_per_sm || (bps == pc.blocks_per_sm && st > pc.stages)) pc = p;
     }
     if (!pc.ok) continue;
     pc.cost = cost(pc, B, N, f, K);
@@ -526,7 +566,7 @@ cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, 
   }
   const long P1 = N / f[K - 1];
   a.vec_x = P1 % VW == 0 && aligned16(x);
-  a.pair_y = N % 2 == 0 && (K == 1 || f[0] % 2 == 0) &&
+  a.pair_y = N % 2 == 0 && f[0] % 2 == 0 &&
              (reinterpret_cast<uintptr_t>(y) % (2 * sizeof(Elem))) == 0;
   const long blocks = B * p.nslices;
   if (blocks > 0x7fffffffL) return cudaErrorInvalidConfiguration;
