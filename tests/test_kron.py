@@ -229,7 +229,7 @@ def test_bad_input_says_what_is_wrong(version, device):
         K.kron(x, [w3, torch.randn(4, 3, device=device)], version)
     with pytest.raises(TypeError, match=r"factors\[0\] must have the same dtype as x \(Float\), got Double"):
         K.kron(x, [w3.double(), w4], version)
-    with pytest.raises(TypeError, match=r"x must be Float, Double or BFloat16 \(version v3 only\), got Int"):
+    with pytest.raises(TypeError, match=r"x must be Float, Double or BFloat16 \(versions v3, v4 only\), got Int"):
         K.kron(x.int(), [w3, w4], version)
     with pytest.raises(ValueError, match=r"factors must be a non-empty list of square matrices"):
         K.kron(x, [], version)
@@ -287,7 +287,7 @@ def test_bfloat16_is_for_v3_only():
     # the C++ boundary says which version takes bfloat16 (versions 0-2 are SIMT / CPU code in float32 and float64)
     x, *ws = _inputs(2, "2x3", torch.bfloat16, "cpu")
     for v in (0, 1, 2):
-        with pytest.raises(TypeError, match=r"kron: x is BFloat16, which only version 3 \(tensor cores\) takes"):
+        with pytest.raises(TypeError, match=r"kron: x is BFloat16, which only versions 3 and 4 \(tensor cores\) take"):
             K.ext().forward(x, ws, torch.empty_like(x), [], v, -1, 0)
     with pytest.raises(TypeError, match=r"x must be Float or BFloat16, got Double"):  # and v3 no float64
         K.ext().forward(x.double(), [w.double() for w in ws], torch.empty_like(x.double()), [], 3, -1, 0)
@@ -337,6 +337,44 @@ def test_v3_falls_back_where_nothing_fits(dtype):
     ref = K.kron_ref(x.double(), *[w.double() for w in ws])
     out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v3")
     verify.assert_close(out, ref, dtype, what="v3 fallback")
+
+
+# v4: two factors, each a multiple of 64 (192 and 320: not powers of two), every slice width
+V4_SHAPES = [(3, "128x128"), (2, "64x64"), (1, "256x256"), (5, "64x128"), (2, "128x64"), (3, "192x64"), (1, "64x320"),
+             (33, "128x128")]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,factors", V4_SHAPES)
+def test_v4_every_slice_width(batch, factors, dtype):
+    x, *ws = _inputs(batch, factors, dtype, "cuda", seed=10)
+    ref = K.kron_ref(x.double(), *[w.double() for w in ws])
+    prec = "tf32" if dtype == torch.float32 else None
+    f2 = K.parse_factors(factors)[-1]
+    tried = 0
+    for cols in [c for c in (64, 128, 192, 256, 320) if f2 % c == 0]:
+        p = K.plan(batch, factors, dtype, "cuda", cols=cols, version="v4")
+        if not p["fits"]:
+            continue
+        assert p["c"] == cols and p["slices"] == f2 // cols
+        tried += 1
+        out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v4", cols=cols)
+        verify.assert_close(out, ref, dtype, precision=prec, what=f"v4 {dtype} c={cols}")
+    assert tried, f"v4 applies to {factors} but no slice width fit"
+    verify.assert_close(K.forward(x, ws, version="v4"), ref, dtype, precision=prec, what="v4 (planned)")
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,factors", [(3, "13x17"), (2, "8x16x32"), (2, "64x96"), (1, "100x64")])
+def test_v4_runs_v3_where_it_does_not_apply(batch, factors, dtype):
+    # three factors, or a factor that is not a multiple of 64: v4's plan does not fit and the result is v3's
+    x, *ws = _inputs(batch, factors, dtype, "cuda", seed=11)
+    assert not K.plan(batch, factors, dtype, "cuda", version="v4")["fits"]
+    ref = K.kron_ref(x.double(), *[w.double() for w in ws])
+    out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v4")
+    verify.assert_close(out, ref, dtype, precision="tf32" if dtype == torch.float32 else None, what="v4 -> v3")
 
 
 @needs_gpu

@@ -6,7 +6,8 @@
 // tensors the caller allocates (the lab poisons them with NaN before a check). version: 0 = the C++ CPU code (CPU
 // tensors: cpp_src/kron/cpu.cpp); 1 = one CUDA kernel per factor (cuda_src/kron/v1.cu); 2 = the fused CUDA kernel
 // (cuda_src/kron/v2.cu, planned and launched by v2_plan.cu; v1 where it does not fit); 3 = v2's fusion on tensor
-// cores (cuda_src/kron/v3.cu: TF32 on Float tensors, bf16 on BFloat16 ones; forward only); the backward of 1 and 2
+// cores (cuda_src/kron/v3.cu: TF32 on Float tensors, bf16 on BFloat16 ones; forward only); 4 = two factors on wgmma
+// (cuda_src/kron/v4.cu; v3 where it does not apply); the backward of 1 and 2
 // is cuda_src/kron/backward.cu. The CPU code computes the same steps as the CUDA code (see the header of
 // cuda_src/kron/kron.cuh for the algebra):
 //   forward   F-step  y[b] (P, f) = x[b]ᵀ (f, P)ᵀ · W          — for W_K, …, W_1 in turn
@@ -52,12 +53,12 @@ struct Sizes {
 // x (batch, N) contiguous, Float or Double (version 3, the tensor-core kernel: Float or BFloat16); factors a
 // non-empty list of square matrices of x's dtype and device whose sizes multiply to N.
 Sizes check_layer(const at::Tensor& x, const std::vector<at::Tensor>& factors, int64_t version = 0) {
-  if (version == 3) {
+  if (version >= 3) {
     lab::check_dtype(x, "x", {at::kFloat, at::kBFloat16});
   } else {
     lab::check_defined(x, "x");
-    LAB_CHECK_TYPE(x.scalar_type() != at::kBFloat16, "kron: x is BFloat16, which only version 3 (tensor cores) takes; "
-                   "versions 0-2 take Float or Double");
+    LAB_CHECK_TYPE(x.scalar_type() != at::kBFloat16, "kron: x is BFloat16, which only versions 3 and 4 (tensor cores) "
+                   "take; versions 0-2 take Float or Double");
     lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
   }
   lab::check_dim(x, "x", 2, "(batch, N)");
@@ -205,16 +206,36 @@ void v3_plan(at::ScalarType dt, const Sizes& s, int64_t cfg, int64_t cols, int64
 at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& factors, at::Tensor out,
                         const std::vector<at::Tensor>& states, int64_t version, int64_t cfg, int64_t cols);
 
-// Version 3 (tensor cores: TF32 on Float, bf16 on BFloat16). Where no configuration's state fits in shared memory it
-// runs version 2: on Float tensors as they are (strict fp32, more precise than asked), on BFloat16 ones through
-// Float copies (rounded back once, at the end).
-at::Tensor forward_v3(const at::Tensor& x, const std::vector<at::Tensor>& factors, at::Tensor out, const Sizes& s,
-                      int64_t cfg, int64_t cols) {
+// Version 4 (wgmma, two factors that are multiples of 64): its plan, or fits = 0 where it does not apply.
+#ifdef LAB_WITH_CUDA
+void v4_plan(at::ScalarType dt, const Sizes& s, int64_t cols, int64_t* info) {
+  lab::launcher<V3Plan>(lab::cat("kron_v4_plan@", lab::dtype_suffix(dt)))(s.B, s.N, s.f.data(), int(s.f.size()),
+                                                                          int(cols), info);
+}
+#endif
+
+// Versions 3 and 4 (tensor cores: TF32 on Float, bf16 on BFloat16). Version 4 runs where its plan fits, else version
+// 3; where no configuration of version 3 fits in shared memory it runs version 2: on Float tensors as they are
+// (strict fp32, more precise than asked), on BFloat16 ones through Float copies (rounded back once, at the end).
+at::Tensor forward_tc(const at::Tensor& x, const std::vector<at::Tensor>& factors, at::Tensor out, const Sizes& s,
+                      int64_t version, int64_t cfg, int64_t cols) {
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
   const at::ScalarType dt = x.scalar_type();
   const int K = int(s.f.size());
   int64_t info[kron::kPlanFields];
+  std::vector<const void*> w;
+  for (const auto& t : factors) w.push_back(t.data_ptr());
+  if (version == 4) {
+    v4_plan(dt, s, cols, info);
+    if (info[kron::kFits]) {
+      auto fn = lab::launcher<V3Forward>(lab::cat("kron_v4_forward@", lab::dtype_suffix(dt)));
+      LAB_CUDA_CHECK(fn(x.data_ptr(), out.data_ptr(), w.data(), s.f.data(), K, s.B, s.N, int(cols), LAB_STREAM()),
+                     "kron v4 forward kernel");
+      return out;
+    }
+    cols = 0;  // v4's slice width means nothing to v3
+  }
   v3_plan(dt, s, cfg, cols, info);
   if (!info[kron::kFits]) {
     if (dt == at::kFloat) return forward_impl(x, factors, out, {}, 2, -1, 0);
@@ -223,14 +244,12 @@ at::Tensor forward_v3(const at::Tensor& x, const std::vector<at::Tensor>& factor
     out.copy_(forward_impl(x.to(at::kFloat), wf, at::empty({s.B, s.N}, x.options().dtype(at::kFloat)), {}, 2, -1, 0));
     return out;
   }
-  std::vector<const void*> w;
-  for (const auto& t : factors) w.push_back(t.data_ptr());
   auto fn = lab::launcher<V3Forward>(lab::cat("kron_v3_forward@", lab::dtype_suffix(dt), ",", info[kron::kCfg]));
   LAB_CUDA_CHECK(fn(x.data_ptr(), out.data_ptr(), w.data(), s.f.data(), K, s.B, s.N, int(cols), LAB_STREAM()),
                  "kron v3 forward kernel");
   return out;
 #else
-  (void)x, (void)factors, (void)s, (void)cfg, (void)cols;
+  (void)x, (void)factors, (void)s, (void)version, (void)cfg, (void)cols;
   LAB_NO_CUDA_BUILD("kron forward");
   return out;
 #endif
@@ -246,13 +265,14 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
   const Sizes s = check_layer(x, factors, version);
   check_like(out, "out", x, {s.B, s.N}, "(batch, N)");
   check_states(states, x, s, false);
-  lab::check_version(x, "x", version, 1, 3, "kron");
+  lab::check_version(x, "x", version, 1, 4, "kron");
   LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
   LAB_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
-  if (version == 3) {
-    LAB_CHECK_VALUE(states.empty(), "kron: version 3 has no backward yet and saves no states; pass states=[]");
+  if (version >= 3) {
+    LAB_CHECK_VALUE(states.empty(), "kron: version ", version, " has no backward yet and saves no states; pass "
+                    "states=[]");
     LAB_CHECK_VALUE(cfg <= 1, "kron: version 3's configurations are 0 (8 warps) and 1 (4 warps), got cfg ", cfg);
-    return forward_v3(x, factors, out, s, cfg, cols);
+    return forward_tc(x, factors, out, s, version, cfg, cols);
   }
   const int K = int(s.f.size());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_forward", [&] {
@@ -320,7 +340,8 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
     std::snprintf(name, sizeof(name), "dws[%d]", k);
     check_like(dws[k], name, x, {s.f[k], s.f[k]}, "like factors[k]");
   }
-  LAB_CHECK_VALUE(version != 3, "kron: version 3 (tensor cores) has no backward yet; use version 2 for training");
+  LAB_CHECK_VALUE(version < 3, "kron: version ", version, " (tensor cores) has no backward yet; use version 2 for "
+                  "training");
   lab::check_version(x, "x", version, 1, 2, "kron");
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_backward", [&] {
     if (x.is_cuda()) {
@@ -357,8 +378,8 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
 // version 3: (x Float or BFloat16) what v3 would launch; cfg 0..1 forces a configuration
 py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t cfg, int64_t cols,
                     int64_t version) {
-  LAB_CHECK_VALUE(version == 2 || version == 3, "fused_plan: version must be 2 or 3, got ", version);
-  if (version == 3)
+  LAB_CHECK_VALUE(version >= 2 && version <= 4, "fused_plan: version must be 2, 3 or 4, got ", version);
+  if (version >= 3)
     lab::check_dtype(x, "x", {at::kFloat, at::kBFloat16});
   else
     lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
@@ -379,12 +400,15 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
   std::vector<int64_t> info(kron::kPlanFields, 0);
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
-  if (version == 3) {
+  if (version >= 3) {
     Sizes s;
     s.B = batch;
     s.N = N;
     s.f = f;
-    v3_plan(x.scalar_type(), s, cfg, cols, info.data());
+    if (version == 4)
+      v4_plan(x.scalar_type(), s, cols, info.data());  // fits = 0: v4 does not apply and runs v3
+    else
+      v3_plan(x.scalar_type(), s, cfg, cols, info.data());
   } else {
     const FusedKernels kern = fused_kernels(x.scalar_type());
     lab::launcher<FusedPlanFn>(kname("kron_fused_plan", x.scalar_type()))(batch, N, f.data(), int(f.size()),
@@ -400,7 +424,7 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Kronecker-factored linear layer y = x (W_K kron ... kron W_1); version 0 = C++ CPU code, 1 = per-factor "
-            "CUDA kernels, 2 = fused CUDA kernel, 3 = fused on tensor cores (TF32 / bf16)";
+            "CUDA kernels, 2 = fused CUDA kernel, 3 = fused on tensor cores (TF32 / bf16), 4 = two factors on wgmma";
   m.def("forward", lab::bind(forward),
         "forward(x, factors, out, states, version, cfg, cols) -> out = x (W_K kron ... kron W_1)");
   m.def("backward", lab::bind(backward),

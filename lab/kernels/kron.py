@@ -16,6 +16,8 @@ C++ CPU version). Versions (ours):
   v2          CUDA: one fused kernel for all factors, each sample's state in shared memory (v1 where it does not fit)
   v3          CUDA: v2's fusion on tensor cores (mma.sync): TF32 on float32 tensors, bf16 on bfloat16 ones; forward
               only (where no configuration fits: v2, on float32 copies for bfloat16)
+  v4          CUDA: two factors (multiples of 64) on wgmma, operands staged K-major in the 128-byte swizzle; v3
+              elsewhere
 Baselines (PyTorch, named for what they run):
   torch       what one writes first: per factor reshape / matmul / movedim (every reshape of the moved view copies)
   torch.bmm   one strided-batched GEMM (torch.bmm) per factor, the axis move folded into the operand layout (no
@@ -42,9 +44,9 @@ from ._common import elem_size, matmul_tf32, randn, strict_fp32
 
 FAMILY = "kron"
 MAX_FACTORS = 16  # as in cuda_src/kron/kron.cuh
-KERNELS = ("cpu", "v1", "v2", "v3")
+KERNELS = ("cpu", "v1", "v2", "v3", "v4")
 TORCH_VERSIONS = ("torch", "torch.bmm", "torch.bmm.tf32", "torch.kron")  # baselines
-TENSOR_CORE = ("v3",)  # TF32 on float32 tensors, bf16 on bfloat16 ones; forward only
+TENSOR_CORE = ("v3", "v4")  # TF32 on float32 tensors, bf16 on bfloat16 ones; forward only
 
 
 def ext():
@@ -95,7 +97,7 @@ def check_inputs(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> tuple[int,
         raise TypeError("factors must be a list of square matrices [W_1, …, W_K], got a single tensor")
     factors = list(factors)
     if x.dtype not in (torch.float32, torch.float64, torch.bfloat16):
-        raise TypeError(f"x must be Float, Double or BFloat16 (version v3 only), got {_tname(x.dtype)}")
+        raise TypeError(f"x must be Float, Double or BFloat16 (versions v3, v4 only), got {_tname(x.dtype)}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (batch, N), got {x.dim()}-D tensor of shape {_shape(x)}")
     if not factors:
@@ -263,9 +265,9 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
     """y = x · (W_K ⊗ … ⊗ W_1), differentiable in x and every factor.
 
     x: (batch, N); factors: [W_1, …, W_K], W_k (f_k, f_k), N = f_1·…·f_K, W_1 on the fastest axis of x.
-    version: 'cpu', 'v1', 'v2', 'v3' (compiled; default v2 on CUDA — v3 for bfloat16 —, cpu on the CPU) or a PyTorch
-    baseline: 'torch', 'torch.bmm', 'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2 take float32/float64, v3 float32 (TF32)
-    and bfloat16.
+    version: 'cpu', 'v1', 'v2', 'v3', 'v4' (compiled; default v2 on CUDA — v3 for bfloat16 —, cpu on the CPU) or a PyTorch
+    baseline: 'torch', 'torch.bmm', 'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2 take float32/float64, v3/v4 float32
+    (TF32) and bfloat16.
     """
     check_inputs(x, factors)
     version = version or _default(x)
@@ -415,6 +417,7 @@ IDEAS = {
     "v1": "CUDA: one tiled kernel per factor (cp.async 2-stage pipeline, 8x8 or 4x4 register tiles)",
     "v2": "CUDA: one fused kernel, the sample's state in shared memory from W_K to W_1",
     "v3": "CUDA: v2's fusion on tensor cores (mma.sync TF32 / bf16, ldmatrix), the state stored in the next A layout",
+    "v4": "CUDA: two factors on wgmma: x, W staged transposed into swizzled K-major tiles, the state kept on chip",
     "torch": "PyTorch as one writes it: reshape / matmul / movedim per factor (a copy per factor)",
     "torch.bmm": "PyTorch: one strided-batched GEMM per factor, axis move folded into the operand layout",
     "torch.bmm.tf32": "torch.bmm with TF32 on (cuBLAS TF32): v3's baseline on float32 tensors",
