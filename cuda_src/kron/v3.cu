@@ -51,7 +51,7 @@ constexpr int kWarps = 4, kMI = 2;  // warp tile 32×32: small steps (slices of 
 constexpr int kWarps = 8, kMI = 4;  // warp tile 64×32: 128×128 block tiles, W staged once per step
 #endif
 constexpr int kNI = 4;  // n8 tiles per warp: 32 columns
-constexpr int kThreads = kWarps * 32;
+constexpr int kBlockThreads = kWarps * 32;
 
 // ---- the mma and its fragments, per element type ------------------------------------------------------------------
 // Shared-memory operands are k-major: A(m, k) at s[k·ld + m], B(k, n) at s[k·ld + n]. g = lane/4, t = lane%4.
@@ -186,14 +186,14 @@ __device__ __forceinline__ void stage(Elem* dst, int ld, const Elem* src, int ks
   const int lb = __ffs(bp) - 1;  // log2(bp)
   if (vec) {
     const int lv = lb - (VW == 8 ? 3 : 2);  // log2(vectors per row)
-    for (int i = threadIdx.x; i < (KC << lv); i += kThreads) {
+    for (int i = threadIdx.x; i < (KC << lv); i += kBlockThreads) {
       const int kk = i >> lv, pv = (i & ((1 << lv) - 1)) * VW;
       const int k = k0 + kk, p = p0 + pv;
       const bool ok = k < kd && p < pd;
       cp_async16(dst + kk * ld + pv, ok ? src + long(k) * kstride + p : src, ok);
     }
   } else {
-    for (int i = threadIdx.x; i < (KC << lb); i += kThreads) {
+    for (int i = threadIdx.x; i < (KC << lb); i += kBlockThreads) {
       const int kk = i >> lb, pp = i & (bp - 1);
       const int k = k0 + kk, p = p0 + pp;
       dst[kk * ld + pp] = (k < kd && p < pd) ? src[long(k) * kstride + p] : elem_zero();
@@ -251,7 +251,7 @@ struct Args {
 // Block (b, slice): the state after step s is (rows, cols) = (S/f_s, f_s) flat (step 1: (P1, c)), S = P1·c; step s
 // reads it as A (k = f_{s}'s axis rows, m columns) from shared memory, except step 1, which stages x[b] like W.
 // ---------------------------------------------------------------------------------------------------------------
-__global__ void __launch_bounds__(kThreads, kWarps == 8 ? 2 : 3) fused_tc_kernel(const __grid_constant__ Args a) {
+__global__ void __launch_bounds__(kBlockThreads, kWarps == 8 ? 2 : 3) fused_tc_kernel(const __grid_constant__ Args a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ns = a.stages;
   Elem* const As = reinterpret_cast<Elem*>(smem_raw);  // [ns][KC][ldA1]: x chunks (step 1 only)
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, kWarps == 8 ? 2 : 3) fused_tc_kernel
       nrow = int(S / nk);
       nld = a_ld(nrow, step_tile(nrow, nk));
       const int pad = (cdiv(nk, KS) * KS - nk) * nld;
-      for (int i = threadIdx.x; i < pad; i += kThreads) dst[nk * nld + i] = elem_zero();
+      for (int i = threadIdx.x; i < pad; i += kBlockThreads) dst[nk * nld + i] = elem_zero();
     }
     const Elem* const wsrc = s == 1 ? a.w[K - 1] + c0 : a.w[idx];
     const int wpd = s == 1 ? ccols : kd;
@@ -511,7 +511,7 @@ Plan plan(long B, long N, const int* f, int K, int force_c) {
       Plan p = layout(N, f, K, c, st);
       if (!p.ok) break;
       int bps = 0;
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, fused_tc_kernel, kThreads, size_t(p.smem));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, fused_tc_kernel, kBlockThreads, size_t(p.smem));
       if (bps <= 0) break;
       p.blocks_per_sm = bps;
       if (!pc.ok || bps > pc.blocks_per_sm || (bps == pc.blocks_per_sm && st > pc.stages)) pc = p;
@@ -535,7 +535,7 @@ void plan_info(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* inf
   info[kSlices] = p.nslices;
   info[kSmemBytes] = p.smem;
   info[kBlocksPerSm] = p.blocks_per_sm;
-  info[kThreads] = kThreads;
+  info[kron::kThreads] = kBlockThreads;  // the plan field (this unit once named its constant kThreads too: info[256])
   info[kTM] = 16 * kMI;  // the warp tile
   info[kTN] = 8 * kNI;
   info[kCost] = int64_t(p.cost);
@@ -571,7 +571,7 @@ cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, 
   const long blocks = B * p.nslices;
   if (blocks > 0x7fffffffL) return cudaErrorInvalidConfiguration;
   optin();
-  fused_tc_kernel<<<unsigned(blocks), kThreads, size_t(p.smem), s>>>(a);
+  fused_tc_kernel<<<unsigned(blocks), kBlockThreads, size_t(p.smem), s>>>(a);
   return cudaGetLastError();
 }
 

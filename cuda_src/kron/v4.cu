@@ -38,8 +38,8 @@ using Elem = float;
 constexpr int E = int(sizeof(Elem));
 constexpr int kSlab = 128 / E;          // k per 128-byte row: 32 fp32, 64 bf16
 constexpr int kStepK = 32 / E;          // k per wgmma: 8 (TF32), 16 (bf16)
-constexpr int kThreads = 256;           // two warpgroups
-constexpr int kTile = 64;               // m64n64 tiles: 32 accumulators a thread
+constexpr int kBlockThreads = 256;           // two warpgroups
+constexpr int kWgTile = 64;               // m64n64 tiles: 32 accumulators a thread
 constexpr int kTilesPerPass = 2;        // a warpgroup holds two tiles' accumulators at once (64 registers)
 
 // Byte offset of element (row r, column k) in a K-major operand of R rows (R a multiple of 8).
@@ -130,7 +130,7 @@ struct Args {
 template <class Emit>
 __device__ __forceinline__ void gemm_step(uint32_t a, int M, uint32_t b, int N, int Kd, Emit&& emit) {
   const int wg = threadIdx.x >> 7;
-  const int tn = N / kTile, tiles = (M / kTile) * tn;
+  const int tn = N / kWgTile, tiles = (M / kWgTile) * tn;
   for (int t0 = wg * kTilesPerPass; t0 < tiles; t0 += 2 * kTilesPerPass) {
     float acc[kTilesPerPass][32];
     const int nt = min(kTilesPerPass, tiles - t0);
@@ -140,7 +140,7 @@ __device__ __forceinline__ void gemm_step(uint32_t a, int M, uint32_t b, int N, 
 #pragma unroll
       for (int i = 0; i < kTilesPerPass; ++i) {
         if (i < nt) {
-          const int t = t0 + i, m0 = (t / tn) * kTile, n0 = (t % tn) * kTile;
+          const int t = t0 + i, m0 = (t / tn) * kWgTile, n0 = (t % tn) * kWgTile;
           const uint64_t da = lab::smem_desc<128>(a + uint32_t((k / kSlab) * M * 128 + m0 * 128) + kofs);
           const uint64_t db = lab::smem_desc<128>(b + uint32_t((k / kSlab) * N * 128 + n0 * 128) + kofs);
           wgmma64(acc[i], da, db, k > 0);
@@ -154,13 +154,13 @@ __device__ __forceinline__ void gemm_step(uint32_t a, int M, uint32_t b, int N, 
       lab::fence_regs<32>(acc[i]);
       if (i < nt) {
         const int t = t0 + i;
-        emit((t / tn) * kTile, (t % tn) * kTile, acc[i]);
+        emit((t / tn) * kWgTile, (t % tn) * kWgTile, acc[i]);
       }
     }
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) wg_kernel(const __grid_constant__ Args a) {
+__global__ void __launch_bounds__(kBlockThreads, 1) wg_kernel(const __grid_constant__ Args a) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (lab::smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle repeats every 1024 B
   const uint32_t bufX = base, bufW = base + a.off_w, bufS = base + a.off_s;
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1) wg_kernel(const __grid_constant__
   // step 1: C[p][j] -> the state, stored as step 2's A: row j, column p (rounded to the element type)
   gemm_step(bufX, f1, bufW, c, f2, [&](int m0, int n0, const float* d) {
 #pragma unroll
-    for (int j = 0; j < kTile / 8; ++j)
+    for (int j = 0; j < kWgTile / 8; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int p = m0 + 16 * warp + (lane >> 2) + 8 * h;
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1) wg_kernel(const __grid_constant__
   Elem* yb = a.y + b * N + long(c0) * f1;
   gemm_step(bufS, c, bufX, f1, f1, [&](int m0, int n0, const float* d) {
 #pragma unroll
-    for (int j = 0; j < kTile / 8; ++j)
+    for (int j = 0; j < kWgTile / 8; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int jj = m0 + 16 * warp + (lane >> 2) + 8 * h;
@@ -264,7 +264,7 @@ Plan plan(long B, const int* f, int K, int force_c) {
     Plan p = layout(f1, f2, c);
     if (!p.ok) continue;
     int bps = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, wg_kernel, kThreads, size_t(p.smem));
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, wg_kernel, kBlockThreads, size_t(p.smem));
     if (bps <= 0) continue;
     p.blocks_per_sm = bps;
     const long blocks = B * p.nslices;
@@ -287,9 +287,9 @@ void plan_info(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* inf
   info[kSlices] = p.nslices;
   info[kSmemBytes] = p.smem;
   info[kBlocksPerSm] = p.blocks_per_sm;
-  info[kThreads] = kThreads;
-  info[kTM] = kTile;  // the wgmma tile
-  info[kTN] = kTile;
+  info[kron::kThreads] = kBlockThreads;  // the plan field (this unit once named its constant kThreads too: info[256])
+  info[kTM] = kWgTile;  // the wgmma tile
+  info[kTN] = kWgTile;
   info[kCost] = int64_t(p.cost);
   info[kSmemLimit] = device_facts().smem_optin;
   info[kStages] = 1;
@@ -318,7 +318,7 @@ cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, 
   const long blocks = B * p.nslices;
   if (blocks > 0x7fffffffL) return cudaErrorInvalidConfiguration;
   optin();
-  wg_kernel<<<unsigned(blocks), kThreads, size_t(p.smem), s>>>(a);
+  wg_kernel<<<unsigned(blocks), kBlockThreads, size_t(p.smem), s>>>(a);
   return cudaGetLastError();
 }
 
