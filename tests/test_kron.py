@@ -246,7 +246,7 @@ def test_version_on_the_wrong_device_says_so(device):
     for v in ["v1", "v2", "v3"] if device == "cpu" else ["cpu"]:
         msg = (rf"kron: version {v[1:]} is a CUDA kernel but x is on the CPU" if device == "cpu" else
                r"kron: version 0 is the C\+\+ CPU code but x is on cuda:0 \(move to the CPU, or use a CUDA "
-               r"version 1..3\)")
+               r"version 1..4\)")
         with pytest.raises(ValueError, match=msg):
             K.kron(x, [w3, w4], v)
         with pytest.raises(ValueError, match=msg):
@@ -341,7 +341,7 @@ def test_v3_falls_back_where_nothing_fits(dtype):
 
 # v4: two factors, each a multiple of 64 (192 and 320: not powers of two), every slice width
 V4_SHAPES = [(3, "128x128"), (2, "64x64"), (1, "256x256"), (5, "64x128"), (2, "128x64"), (3, "192x64"), (1, "64x320"),
-             (33, "128x128")]
+             (33, "128x128"), (300, "128x128"), (135, "64x128")]  # more samples than blocks: the persistent loop
 
 
 @needs_gpu
@@ -361,8 +361,10 @@ def test_v4_every_slice_width(batch, factors, dtype):
         tried += 1
         out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v4", cols=cols)
         verify.assert_close(out, ref, dtype, precision=prec, what=f"v4 {dtype} c={cols}")
-    assert tried, f"v4 applies to {factors} but no slice width fit"
-    verify.assert_close(K.forward(x, ws, version="v4"), ref, dtype, precision=prec, what="v4 (planned)")
+    if not tried:  # over shared memory (fp32 256x256: X_bᵀ alone is 256 KB) or the prefetch registers: v3 runs
+        assert not K.plan(batch, factors, dtype, "cuda", version="v4")["fits"]
+    verify.assert_close(K.forward(x, ws, out=torch.full_like(x, math.nan), version="v4"), ref, dtype, precision=prec,
+                        what="v4 (planned)")
 
 
 @needs_gpu

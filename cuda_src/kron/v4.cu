@@ -1,7 +1,7 @@
-// kron/v4.cu — version 4: two factors on Hopper's wgmma. v3 (mma.sync) measured issue-bound: per 16×8 mma a warp also
-// issues fragment loads, TF32 roundings, staging and barrier code, and ncu found the SM ~50% busy with the tensor
-// pipe at ~20%. wgmma reads both operands from shared memory itself: one instruction per 64×64×(32 bytes of k)
-// per warpgroup, no fragments in registers, the accumulators only.
+// kron/v4.cu — version 4: two factors on Hopper's wgmma, one persistent block per SM. v3 (mma.sync) measured
+// issue-bound: per 16×8 mma a warp also issues fragment loads, TF32 roundings, staging and barrier code, and ncu found
+// the SM about half busy with the tensor pipe near a fifth. wgmma reads both operands from shared memory itself: one
+// instruction per 64×64×(32 bytes of k) per warpgroup, no fragments in registers, the accumulators only.
 //
 // Scope (v3 runs everything else): K = 2 factors, f_1 and f_2 multiples of 64, so every operand is whole 64-row,
 // 128-byte-slab tiles and no edge is padded. y[b] = W_2ᵀ · X_b · W_1 with X_b = x[b] read as (f_2, f_1):
@@ -16,10 +16,19 @@
 // memory, so the threads stage them transposed (16-byte loads along the row, element stores into the swizzled slab),
 // rounding fp32 to TF32 on the way. The state C is stored from the accumulators straight into step 2's A layout.
 //
-// Napkin math (H100, 128×128, c = 128; per sample 2·128³ MAC = 4.2 M): fp32 buffers X_bᵀ, W_2ᵀ, C (64 KB each; W_1ᵀ
-// reuses X_bᵀ's) = 192 KB, one block per SM; bf16 96 KB, two. The flow per block is sequential — stage, multiply,
-// store, stage, multiply, store — so one block per SM leaves the tensor cores idle while it stages; the next rung is a
-// persistent block that stages the next sample during this one's step 2.
+// The schedule. A first build ran one block per (sample, slice), stage -> multiply -> store -> stage -> multiply:
+// with one 192 KB block per SM nothing overlapped the staging, and it measured slower than v3. Now:
+//  - the factors are the same for every sample, so a block keeps W_2's slice and W_1 (transposed) for its lifetime,
+//    and the grid is one block per SM, each walking its samples;
+//  - x[b+1] is loaded into registers (16 KB per thread-block-wide pass: 16 × 16 B a thread in fp32 at 128×128) before
+//    step 1 of x[b] is issued, so the HBM latency hides behind the tensor cores; once step 1 is done with X_bᵀ, the
+//    registers are stored transposed over it.
+//
+// Napkin math (H100, 128×128; per sample 2·128³ MAC = 4.2 M): bf16, c = 128: X_bᵀ, W_2ᵀ, W_1ᵀ, C 32 KB each = 128 KB;
+// per SM 7.8 samples at batch 1024, each 32 KB in + 32 KB out: the 67 MB of x and y take 20 us at 3.35 TB/s, the
+// mma 9 us at the dense bf16 rate. fp32: 64 KB each would be 256 KB, so c = 64 (two blocks share a sample, one W_2
+// half each: X_bᵀ 64 + W_2ᵀ 32 + W_1ᵀ 64 + C 32 = 192 KB); x is read twice (the second time mostly from L2: the two
+// slices of a sample are neighbouring blocks, in step), 134 MB of x and y: 40 us at 3.35 TB/s.
 // lab:variants dtype=f32,bf16
 #include "kron.cuh"
 #include "lab_sm90.cuh"
@@ -56,35 +65,8 @@ __device__ __forceinline__ uint32_t to_tf32(float v) {
 __device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
-
-// dst(r, k) = src[k·ld + r] for r < R, k < Kd: a k-row-major matrix stored K-major (transposed). A warp takes 4 k-rows
-// × 8 16-byte vectors per pass (each k-row's 8 vectors: 128 contiguous bytes). bf16 pairs rows k, k+1 so that every
-// store is one 32-bit (k, k+1) pair.
-__device__ __forceinline__ void stage_t(uint32_t dst, int R, int Kd, const Elem* __restrict__ src, int ld) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  constexpr int VW = 16 / E;                    // elements per 16-byte vector
-  constexpr int KR = E == 2 ? 2 : 1;            // k-rows per store
-  const int kq = lane >> 3, rq = lane & 7;
-  for (int k0 = (warp * 4 + kq) * KR; k0 < Kd; k0 += 8 * 4 * KR) {
-    for (int r0 = rq * VW; r0 < R; r0 += 8 * VW) {
-      if constexpr (E == 4) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(src + long(k0) * ld + r0));
-        sts32(dst + swz(R, r0 + 0, k0), to_tf32(v.x));
-        sts32(dst + swz(R, r0 + 1, k0), to_tf32(v.y));
-        sts32(dst + swz(R, r0 + 2, k0), to_tf32(v.z));
-        sts32(dst + swz(R, r0 + 3, k0), to_tf32(v.w));
-      } else {
-        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src + long(k0) * ld + r0));
-        const uint4 b = __ldg(reinterpret_cast<const uint4*>(src + long(k0 + 1) * ld + r0));
-        const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // elements 2i, 2i+1 of each row: (k0, k0+1) pairs for rows r0+2i, r0+2i+1
-          sts32(dst + swz(R, r0 + 2 * i, k0), __byte_perm(av[i], bv[i], 0x5410));
-          sts32(dst + swz(R, r0 + 2 * i + 1, k0), __byte_perm(av[i], bv[i], 0x7632));
-        }
-      }
-    }
-  }
+__device__ __forceinline__ void sts16(uint32_t a, unsigned short v) {
+  asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(a), "h"(v) : "memory");
 }
 
 __device__ __forceinline__ void fence_proxy_async() {
@@ -121,26 +103,81 @@ struct Args {
   Elem* y;
   const Elem* w1;  // W_1 (f1 × f1)
   const Elem* w2;  // W_2 (f2 × f2)
+  long B;
   int f1, f2, c, nslices;
-  uint32_t off_w, off_s;  // byte offsets of the W_2-slice and state buffers (the first, X_bᵀ then W_1ᵀ, at 0)
+  uint32_t off_w2, off_w1, off_s;  // byte offsets of W_2-slice, W_1 and state buffers (X_bᵀ at 0)
 };
 
-// One step: out(m, n) for the (M/64)×(N/64) tiles, A (M rows) and B (N rows) K-major, Kd deep; each warpgroup takes
-// tiles wg, wg+2, ... in passes of two, and hands every finished tile to `emit(m0, n0, acc)`.
+constexpr int kMaxVecs = 16;  // x[b] vectors a thread holds for the next sample (fp32 128×128: exactly 16)
+
+// The 16-byte vectors of a k-row-major matrix (Kd rows of R elements) that thread t loads and stores transposed:
+// groups of 8 k-rows (k-row pairs in bf16) × 4 vectors, a warp per group, group g = warp + 8·i for the i-th vector.
+// Lanes span 8 k-rows: the transposed stores of one instruction then hit 16 different banks (2-way), where lanes
+// along one k-row hit 2 (16-way).
+struct VecMap {
+  int gk;  // groups along k
+  __device__ __forceinline__ VecMap(int Kd) : gk(Kd / (8 * (E == 2 ? 2 : 1))) {}
+  __device__ __forceinline__ void at(int i, int& k, int& r) const {
+    constexpr int VW = 16 / E, KR = E == 2 ? 2 : 1;
+    const int g = (threadIdx.x >> 5) + 8 * i, lane = threadIdx.x & 31;
+    k = ((g % gk) * 8 + (lane & 7)) * KR;
+    r = ((g / gk) * 4 + (lane >> 3)) * VW;
+  }
+};
+__host__ __device__ constexpr int vecs_per_thread(int R, int Kd) { return R * Kd / (16 / E) / kBlockThreads; }
+
+// Store one loaded vector transposed: element (r + i, k) of the K-major operand of R rows. bf16 holds rows k and k+1
+// (two vectors): each store is one (k, k+1) pair.
+struct Vec2 {
+  uint4 a, b;
+};
+__device__ __forceinline__ Vec2 load_vec(const Elem* src, int ld, int k, int r) {
+  Vec2 v;
+  v.a = __ldg(reinterpret_cast<const uint4*>(src + long(k) * ld + r));
+  if constexpr (E == 2) v.b = __ldg(reinterpret_cast<const uint4*>(src + long(k + 1) * ld + r));
+  return v;
+}
+__device__ __forceinline__ void store_vec_t(uint32_t dst, int R, int k, int r, const Vec2& v) {
+  const uint32_t av[4] = {v.a.x, v.a.y, v.a.z, v.a.w};
+  if constexpr (E == 4) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sts32(dst + swz(R, r + i, k), to_tf32(__uint_as_float(av[i])));
+  } else {
+    const uint32_t bv[4] = {v.b.x, v.b.y, v.b.z, v.b.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // elements 2i, 2i+1 of each row: (k, k+1) pairs for rows r+2i, r+2i+1
+      sts32(dst + swz(R, r + 2 * i, k), __byte_perm(av[i], bv[i], 0x5410));
+      sts32(dst + swz(R, r + 2 * i + 1, k), __byte_perm(av[i], bv[i], 0x7632));
+    }
+  }
+}
+// A whole matrix, loaded and stored in passes (the factors, once per block).
+__device__ __forceinline__ void stage_t(uint32_t dst, int R, int Kd, const Elem* __restrict__ src, int ld) {
+  const VecMap vm(Kd);
+  const int n = vecs_per_thread(R, Kd) / (E == 2 ? 2 : 1);
+  for (int i = 0; i < n; ++i) {
+    int k, r;
+    vm.at(i, k, r);
+    store_vec_t(dst, R, k, r, load_vec(src, ld, k, r));
+  }
+}
+
+// One step: out(m, n) for the (M/64)×(N/64) tiles, A (M rows) and B (N rows) K-major, Kd deep; warpgroup w takes
+// tiles w, w + 2, ... in passes of two, and hands every finished tile to `emit(m0, n0, acc)`.
 template <class Emit>
 __device__ __forceinline__ void gemm_step(uint32_t a, int M, uint32_t b, int N, int Kd, Emit&& emit) {
   const int wg = threadIdx.x >> 7;
   const int tn = N / kWgTile, tiles = (M / kWgTile) * tn;
-  for (int t0 = wg * kTilesPerPass; t0 < tiles; t0 += 2 * kTilesPerPass) {
+  for (int t0 = wg; t0 < tiles; t0 += 2 * kTilesPerPass) {
     float acc[kTilesPerPass][32];
-    const int nt = min(kTilesPerPass, tiles - t0);
     lab::wgmma_fence();
     for (int k = 0; k < Kd; k += kStepK) {
       const uint32_t kofs = uint32_t((k % kSlab) * E);  // a k-step inside the slab's 128-byte rows
 #pragma unroll
       for (int i = 0; i < kTilesPerPass; ++i) {
-        if (i < nt) {
-          const int t = t0 + i, m0 = (t / tn) * kWgTile, n0 = (t % tn) * kWgTile;
+        const int t = t0 + 2 * i;
+        if (t < tiles) {
+          const int m0 = (t / tn) * kWgTile, n0 = (t % tn) * kWgTile;
           const uint64_t da = lab::smem_desc<128>(a + uint32_t((k / kSlab) * M * 128 + m0 * 128) + kofs);
           const uint64_t db = lab::smem_desc<128>(b + uint32_t((k / kSlab) * N * 128 + n0 * 128) + kofs);
           wgmma64(acc[i], da, db, k > 0);
@@ -152,10 +189,8 @@ __device__ __forceinline__ void gemm_step(uint32_t a, int M, uint32_t b, int N, 
 #pragma unroll
     for (int i = 0; i < kTilesPerPass; ++i) {
       lab::fence_regs<32>(acc[i]);
-      if (i < nt) {
-        const int t = t0 + i;
-        emit((t / tn) * kWgTile, (t % tn) * kWgTile, acc[i]);
-      }
+      const int t = t0 + 2 * i;
+      if (t < tiles) emit((t / tn) * kWgTile, (t % tn) * kWgTile, acc[i]);
     }
   }
 }
@@ -163,71 +198,104 @@ __device__ __forceinline__ void gemm_step(uint32_t a, int M, uint32_t b, int N, 
 __global__ void __launch_bounds__(kBlockThreads, 1) wg_kernel(const __grid_constant__ Args a) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (lab::smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle repeats every 1024 B
-  const uint32_t bufX = base, bufW = base + a.off_w, bufS = base + a.off_s;
+  const uint32_t bufX = base, bufW2 = base + a.off_w2, bufW1 = base + a.off_w1, bufS = base + a.off_s;
   const int f1 = a.f1, f2 = a.f2, c = a.c;
   const long N = long(f1) * f2;
-  const long b = blockIdx.x / a.nslices;
-  const int c0 = int(blockIdx.x % a.nslices) * c;
+  const int slice = int(blockIdx.x % a.nslices);
+  const long bstep = gridDim.x / a.nslices;  // the grid is a multiple of nslices: every block keeps one slice
+  const int c0 = slice * c;
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  long b = blockIdx.x / a.nslices;
+  if (b >= a.B) return;
 
-  // X_bᵀ (f1 rows p, f2 deep i) and W_2[:, c0:c0+c]ᵀ (c rows j, f2 deep)
+  // once per block: W_2[:, c0:c0+c]ᵀ (c rows j, f2 deep), W_1ᵀ (f1 rows n, f1 deep), and the first X_bᵀ
+  stage_t(bufW2, c, f2, a.w2 + c0, f2);
+  stage_t(bufW1, f1, f1, a.w1, f1);
   stage_t(bufX, f1, f2, a.x + b * N, f1);
-  stage_t(bufW, c, f2, a.w2 + c0, f2);
   fence_proxy_async();
   __syncthreads();
 
-  // step 1: C[p][j] -> the state, stored as step 2's A: row j, column p (rounded to the element type)
-  gemm_step(bufX, f1, bufW, c, f2, [&](int m0, int n0, const float* d) {
+  const VecMap vm(f2);
+  const int nv = vecs_per_thread(f1, f2) / (E == 2 ? 2 : 1);  // <= kMaxVecs (plan)
+  for (; b < a.B; b += bstep) {
+    // x[b + bstep] into registers: in flight while step 1 runs
+    const long bn = b + bstep;
+    Vec2 pre[kMaxVecs];
+    if (bn < a.B) {
 #pragma unroll
-    for (int j = 0; j < kWgTile / 8; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int p = m0 + 16 * warp + (lane >> 2) + 8 * h;
-        const int jj = n0 + 8 * j + 2 * (lane & 3);
-        const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
-        if constexpr (E == 4) {
-          sts32(bufS + swz(c, jj, p), to_tf32(v0));
-          sts32(bufS + swz(c, jj + 1, p), to_tf32(v1));
-        } else {
-          const __nv_bfloat16 b0 = __float2bfloat16_rn(v0), b1 = __float2bfloat16_rn(v1);
-          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(bufS + swz(c, jj, p)), "h"(*reinterpret_cast<const unsigned short*>(&b0)) : "memory");
-          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(bufS + swz(c, jj + 1, p)), "h"(*reinterpret_cast<const unsigned short*>(&b1)) : "memory");
+      for (int i = 0; i < kMaxVecs; ++i)
+        if (i < nv) {
+          int k, r;
+          vm.at(i, k, r);
+          pre[i] = load_vec(a.x + bn * N, f1, k, r);
         }
-      }
-  });
-  __syncthreads();  // every warpgroup is done reading X_bᵀ: W_1ᵀ goes there
-  stage_t(bufX, f1, f1, a.w1, f1);
-  fence_proxy_async();
-  __syncthreads();
+    }
 
-  // step 2: Y[j][n] -> y[b][(c0 + j)·f1 + n]
-  Elem* yb = a.y + b * N + long(c0) * f1;
-  gemm_step(bufS, c, bufX, f1, f1, [&](int m0, int n0, const float* d) {
+    // step 1: C[p][j] -> the state, stored as step 2's A: row j, column p (rounded to the element type)
+    gemm_step(bufX, f1, bufW2, c, f2, [&](int m0, int n0, const float* d) {
 #pragma unroll
-    for (int j = 0; j < kWgTile / 8; ++j)
+      for (int j = 0; j < kWgTile / 8; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int jj = m0 + 16 * warp + (lane >> 2) + 8 * h;
-        const int n = n0 + 8 * j + 2 * (lane & 3);
-        Elem* p = yb + long(jj) * f1 + n;
-        if constexpr (E == 4)
-          *reinterpret_cast<float2*>(p) = make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-        else
-          *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-      }
-  });
+        for (int h = 0; h < 2; ++h) {
+          const int p = m0 + 16 * warp + (lane >> 2) + 8 * h;
+          const int jj = n0 + 8 * j + 2 * (lane & 3);
+          const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+          if constexpr (E == 4) {
+            sts32(bufS + swz(c, jj, p), to_tf32(v0));
+            sts32(bufS + swz(c, jj + 1, p), to_tf32(v1));
+          } else {
+            const __nv_bfloat16 b0 = __float2bfloat16_rn(v0), b1 = __float2bfloat16_rn(v1);
+            sts16(bufS + swz(c, jj, p), *reinterpret_cast<const unsigned short*>(&b0));
+            sts16(bufS + swz(c, jj + 1, p), *reinterpret_cast<const unsigned short*>(&b1));
+          }
+        }
+    });
+    __syncthreads();  // both warpgroups are done reading X_bᵀ: the next sample's goes there
+    if (bn < a.B) {
+#pragma unroll
+      for (int i = 0; i < kMaxVecs; ++i)
+        if (i < nv) {
+          int k, r;
+          vm.at(i, k, r);
+          store_vec_t(bufX, f1, k, r, pre[i]);
+        }
+    }
+    fence_proxy_async();
+    __syncthreads();  // the state (and the next X_bᵀ) written, visible to the tensor cores
+
+    // step 2: Y[j][n] -> y[b][(c0 + j)·f1 + n]
+    Elem* yb = a.y + b * N + long(c0) * f1;
+    gemm_step(bufS, c, bufW1, f1, f1, [&](int m0, int n0, const float* d) {
+#pragma unroll
+      for (int j = 0; j < kWgTile / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int jj = m0 + 16 * warp + (lane >> 2) + 8 * h;
+          const int n = n0 + 8 * j + 2 * (lane & 3);
+          Elem* q = yb + long(jj) * f1 + n;
+          if constexpr (E == 4)
+            *reinterpret_cast<float2*>(q) = make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+          else
+            *reinterpret_cast<__nv_bfloat162*>(q) = __floats2bfloat162_rn(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        }
+    });
+    __syncthreads();  // step 2 is done reading the state before the next step 1 overwrites it
+  }
 }
 
 // ---- plan and launch ------------------------------------------------------------------------------------------------
 struct Plan {
   bool ok = false;
-  int c = 0, nslices = 0, blocks_per_sm = 0;
-  uint32_t off_w = 0, off_s = 0;
+  int c = 0, nslices = 0, blocks_per_sm = 0, grid = 0;
+  uint32_t off_w2 = 0, off_w1 = 0, off_s = 0;
   long smem = 0;
   double cost = 0;
 };
 
-bool supported(const int* f, int K) { return K == 2 && f[0] % 64 == 0 && f[1] % 64 == 0; }
+bool supported(const int* f, int K) {
+  return K == 2 && f[0] % 64 == 0 && f[1] % 64 == 0 &&
+         vecs_per_thread(f[0], f[1]) / (E == 2 ? 2 : 1) <= kMaxVecs;  // x[b] fits the prefetch registers
+}
 
 void optin() {
   static bool done[64] = {};
@@ -242,16 +310,17 @@ Plan layout(int f1, int f2, int c) {
   Plan p;
   p.c = c;
   p.nslices = f2 / c;
-  const long bx = long(f1) * std::max(f1, f2) * E;  // X_bᵀ, later W_1ᵀ
-  const long bw = long(c) * f2 * E, bs = long(c) * f1 * E;
-  p.off_w = uint32_t(bx);
-  p.off_s = uint32_t(bx + bw);
-  p.smem = bx + bw + bs + 1024;  // + alignment slack
+  const long bx = long(f1) * f2 * E, bw2 = long(c) * f2 * E, bw1 = long(f1) * f1 * E, bs = long(c) * f1 * E;
+  p.off_w2 = uint32_t(bx);
+  p.off_w1 = uint32_t(bx + bw2);
+  p.off_s = uint32_t(bx + bw2 + bw1);
+  p.smem = bx + bw2 + bw1 + bs + 1024;  // + alignment slack
   p.ok = p.smem <= device_facts().smem_optin;
   return p;
 }
 
-// Estimated clock cycles: waves of blocks × a block's mma time (at ~half of wgmma's dense rate) plus its staging.
+// Estimated clock cycles of the busiest block: its (sample, slice) items × (mma at ~half of wgmma's dense rate + the
+// sample's x at an SM's share of HBM, ~14 B/clk), plus the factors staged once.
 Plan plan(long B, const int* f, int K, int force_c) {
   Plan best;
   if (!supported(f, K) || B <= 0) return best;
@@ -267,12 +336,15 @@ Plan plan(long B, const int* f, int K, int force_c) {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, wg_kernel, kBlockThreads, size_t(p.smem));
     if (bps <= 0) continue;
     p.blocks_per_sm = bps;
-    const long blocks = B * p.nslices;
-    const long waves = (blocks + long(sms) * bps - 1) / (long(sms) * bps);
-    const double rate = E == 2 ? 1024.0 : 512.0;                       // MAC per clock per SM
-    const double mma = 2.0 * c * f1 * double(f2 + f1) / 2 / rate;        // both steps
-    const double stage = (double(f1) * f2 + double(c) * f2 + double(f1) * f1) * E / 32.0;  // ~32 B/clk/SM staged
-    p.cost = double(waves) * bps * (mma + stage);
+    const long items = B * p.nslices;
+    const long slots = std::max<long>(long(sms) * bps / p.nslices * p.nslices, p.nslices);
+    p.grid = int(std::min(items, slots));
+    const long per_block = (B + p.grid / p.nslices - 1) / (p.grid / p.nslices);
+    const double rate = E == 2 ? 1024.0 : 512.0;  // MAC per clock per SM
+    const double mma = double(c) * f1 * double(f2 + f1) / rate;
+    const double xin = double(f1) * f2 * E / 14.0, yout = double(c) * f1 * E / 14.0;
+    const double once = (double(c) * f2 + double(f1) * f1) * E / 32.0;
+    p.cost = double(per_block) * std::max(mma, xin + yout) + once;
     if (!best.ok || p.cost < best.cost * 0.999) best = p;
   }
   return best;
@@ -313,12 +385,12 @@ cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, 
   a.f2 = f[1];
   a.c = p.c;
   a.nslices = p.nslices;
-  a.off_w = p.off_w;
+  a.B = B;
+  a.off_w2 = p.off_w2;
+  a.off_w1 = p.off_w1;
   a.off_s = p.off_s;
-  const long blocks = B * p.nslices;
-  if (blocks > 0x7fffffffL) return cudaErrorInvalidConfiguration;
   optin();
-  wg_kernel<<<unsigned(blocks), kBlockThreads, size_t(p.smem), s>>>(a);
+  wg_kernel<<<unsigned(p.grid), kBlockThreads, size_t(p.smem), s>>>(a);
   return cudaGetLastError();
 }
 

@@ -235,7 +235,8 @@ class KronFunction(torch.autograd.Function):
     def forward(ctx, x, version, cfg, cols, *factors):
         x = x.contiguous()
         factors = [w.contiguous() for w in factors]
-        need = any(ctx.needs_input_grad[i] for i in [0] + list(range(4, 4 + len(factors))))
+        # under torch.no_grad() needs_input_grad still follows requires_grad: no states to save there
+        need = torch.is_grad_enabled() and any(ctx.needs_input_grad[i] for i in [0] + list(range(4, 4 + len(factors))))
         if need and version in TENSOR_CORE:
             raise ValueError(f"kron: {version} (tensor cores) is forward-only: it has no backward yet; use v2 (float32) "
                              "for training, or call it under torch.no_grad()")
