@@ -235,11 +235,7 @@ class KronFunction(torch.autograd.Function):
     def forward(ctx, x, version, cfg, cols, *factors):
         x = x.contiguous()
         factors = [w.contiguous() for w in factors]
-        # under torch.no_grad() needs_input_grad still follows requires_grad: no states to save there
-        need = torch.is_grad_enabled() and any(ctx.needs_input_grad[i] for i in [0] + list(range(4, 4 + len(factors))))
-        if need and version in TENSOR_CORE:
-            raise ValueError(f"kron: {version} (tensor cores) is forward-only: it has no backward yet; use v2 (float32) "
-                             "for training, or call it under torch.no_grad()")
+        need = any(ctx.needs_input_grad[i] for i in [0] + list(range(4, 4 + len(factors))))
         states = [torch.empty_like(x) for _ in range(len(factors) - 1)] if need else []
         y = torch.empty_like(x)
         ext().forward(x, factors, y, states, version_number(version), cfg, cols)
@@ -276,6 +272,11 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
         return PYTORCH[version](x, list(factors))
     if version not in KERNELS:
         raise ValueError(f"version must be one of {', '.join(TORCH_VERSIONS + KERNELS)}, got {version!r}")
+    if version in TENSOR_CORE:  # forward-only: no autograd node, and a clear error where a gradient would be needed
+        if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in factors)):
+            raise ValueError(f"kron: {version} (tensor cores) is forward-only: it has no backward yet; use v2 (float32) "
+                             "for training, or call it under torch.no_grad()")
+        return forward(x.contiguous(), [w.contiguous() for w in factors], version=version, cfg=cfg, cols=cols)
     return KronFunction.apply(x, version, cfg, cols, *factors)
 
 
