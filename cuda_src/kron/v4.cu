@@ -137,17 +137,23 @@ __device__ __forceinline__ Vec2 load_vec(const Elem* src, int ld, int k, int r) 
   if constexpr (E == 2) v.b = __ldg(reinterpret_cast<const uint4*>(src + long(k + 1) * ld + r));
   return v;
 }
+// The address math is swz()'s, split so that only the row's low 3 bits change between a vector's elements: the
+// first build called swz() per element, and the integer chains were the top stall ("wait") of the whole kernel.
 __device__ __forceinline__ void store_vec_t(uint32_t dst, int R, int k, int r, const Vec2& v) {
+  const int kb = (k % kSlab) * E, kc = kb >> 4;
+  const uint32_t row0 = dst + uint32_t((k / kSlab) * R * 128 + (r >> 3) * 1024 + (kb & 15));
   const uint32_t av[4] = {v.a.x, v.a.y, v.a.z, v.a.w};
   if constexpr (E == 4) {
+    const int r7 = r & 7;  // 0 or 4: a 4-element vector stays inside its 8-row group
 #pragma unroll
-    for (int i = 0; i < 4; ++i) sts32(dst + swz(R, r + i, k), to_tf32(__uint_as_float(av[i])));
+    for (int i = 0; i < 4; ++i)
+      sts32(row0 + uint32_t((r7 + i) * 128 + ((kc ^ (r7 + i)) << 4)), to_tf32(__uint_as_float(av[i])));
   } else {
     const uint32_t bv[4] = {v.b.x, v.b.y, v.b.z, v.b.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // elements 2i, 2i+1 of each row: (k, k+1) pairs for rows r+2i, r+2i+1
-      sts32(dst + swz(R, r + 2 * i, k), __byte_perm(av[i], bv[i], 0x5410));
-      sts32(dst + swz(R, r + 2 * i + 1, k), __byte_perm(av[i], bv[i], 0x7632));
+    for (int i = 0; i < 4; ++i) {  // elements 2i, 2i+1 of each row: (k, k+1) pairs for rows r+2i, r+2i+1 (r % 8 = 0)
+      sts32(row0 + uint32_t((2 * i) * 128 + ((kc ^ (2 * i)) << 4)), __byte_perm(av[i], bv[i], 0x5410));
+      sts32(row0 + uint32_t((2 * i + 1) * 128 + ((kc ^ (2 * i + 1)) << 4)), __byte_perm(av[i], bv[i], 0x7632));
     }
   }
 }
@@ -232,23 +238,30 @@ __global__ void __launch_bounds__(kBlockThreads, 1) wg_kernel(const __grid_const
     }
 
     // step 1: C[p][j] -> the state, stored as step 2's A: row j, column p (rounded to the element type)
+    // (row jj = n0 + 8j + 2q + u, column p): jj >> 3 = n0/8 + j and jj & 7 = 2q + u, so each of the four (h, u)
+    // addresses is computed once and the 16 j's are 1024 B apart
     gemm_step(bufX, f1, bufW2, c, f2, [&](int m0, int n0, const float* d) {
 #pragma unroll
-      for (int j = 0; j < kWgTile / 8; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const int p = m0 + 16 * warp + (lane >> 2) + 8 * h;
+        const int pb = (p % kSlab) * E, pc = pb >> 4;
+        const uint32_t rowp = bufS + uint32_t((p / kSlab) * c * 128 + (n0 >> 3) * 1024 + (pb & 15));
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int p = m0 + 16 * warp + (lane >> 2) + 8 * h;
-          const int jj = n0 + 8 * j + 2 * (lane & 3);
-          const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
-          if constexpr (E == 4) {
-            sts32(bufS + swz(c, jj, p), to_tf32(v0));
-            sts32(bufS + swz(c, jj + 1, p), to_tf32(v1));
-          } else {
-            const __nv_bfloat16 b0 = __float2bfloat16_rn(v0), b1 = __float2bfloat16_rn(v1);
-            sts16(bufS + swz(c, jj, p), *reinterpret_cast<const unsigned short*>(&b0));
-            sts16(bufS + swz(c, jj + 1, p), *reinterpret_cast<const unsigned short*>(&b1));
+        for (int u = 0; u < 2; ++u) {
+          const int r7 = 2 * (lane & 3) + u;
+          const uint32_t at = rowp + uint32_t(r7 * 128 + ((pc ^ r7) << 4));
+#pragma unroll
+          for (int j = 0; j < kWgTile / 8; ++j) {
+            const float v = d[4 * j + 2 * h + u];
+            if constexpr (E == 4) {
+              sts32(at + j * 1024, to_tf32(v));
+            } else {
+              const __nv_bfloat16 bv = __float2bfloat16_rn(v);
+              sts16(at + j * 1024, *reinterpret_cast<const unsigned short*>(&bv));
+            }
           }
         }
+      }
     });
     __syncthreads();  // both warpgroups are done reading X_bᵀ: the next sample's goes there
     if (bn < a.B) {
