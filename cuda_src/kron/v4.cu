@@ -108,7 +108,8 @@ struct Args {
   uint32_t off_w2, off_w1, off_s;  // byte offsets of W_2-slice, W_1 and state buffers (X_bᵀ at 0)
 };
 
-constexpr int kMaxVecs = 16;  // x[b] vectors a thread holds for the next sample (fp32 128×128: exactly 16)
+// x[b] vectors (bf16: pairs of vectors) a thread holds for the next sample; at 128×128 exactly 16 (fp32), 4 (bf16)
+constexpr int kMaxVecs = E == 2 ? 8 : 16;
 
 // The 16-byte vectors of a k-row-major matrix (Kd rows of R elements) that thread t loads and stores transposed:
 // groups of 8 k-rows (k-row pairs in bf16) × 4 vectors, a warp per group, group g = warp + 8·i for the i-th vector.
@@ -170,9 +171,14 @@ __device__ __forceinline__ void stage_t(uint32_t dst, int R, int Kd, const Elem*
 
 // One step: out(m, n) for the (M/64)×(N/64) tiles, A (M rows) and B (N rows) K-major, Kd deep; warpgroup w takes
 // tiles w, w + 2, ... in passes of two, and hands every finished tile to `emit(m0, n0, acc)`.
+// The warpgroup index through a shuffle: the compiler then knows it is warp-uniform. Computed from threadIdx.x, the
+// tile branches below looked divergent to ptxas, which then waited for every wgmma before issuing the next (C7520,
+// "wgmma.mma_async instructions are serialized"; in SASS a WARPGROUP.DEPBAR after each HGMMA).
+__device__ __forceinline__ int warpgroup() { return __shfl_sync(0xffffffffu, int(threadIdx.x) >> 7, 0); }
+
 template <class Emit>
 __device__ __forceinline__ void gemm_step(uint32_t a, int M, uint32_t b, int N, int Kd, Emit&& emit) {
-  const int wg = threadIdx.x >> 7;
+  const int wg = warpgroup();
   const int tn = N / kWgTile, tiles = (M / kWgTile) * tn;
   for (int t0 = wg; t0 < tiles; t0 += 2 * kTilesPerPass) {
     float acc[kTilesPerPass][32];
