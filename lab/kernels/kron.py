@@ -311,7 +311,8 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
          budget_ms: float = 40.0, version: str = "v2") -> list[dict]:
     """Time every (configuration, slice width) of a fused version that fits, against its automatic choice: rows
     (version, cfg, c, slices, blocks_per_sm, smem_bytes, median_us, auto). version "v2" (float32/float64) also times
-    v1 in every configuration; "v3" (float32 in TF32, bfloat16) its two configurations."""
+    v1 in every configuration; "v3" (float32 in TF32, bfloat16) its two configurations; "v4" its slice widths (where
+    v4 does not apply, nothing but the automatic row, which then times v3)."""
     sizes = parse_factors(sizes)
     g = torch.Generator().manual_seed(0)
     x, *fs = make_forward_inputs({"batch": batch, "factors": factors_label(sizes)}, dtype, torch.device(device), g)
@@ -327,7 +328,9 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
     fK = sizes[-1]
     q = 8 if version == "v3" else 4  # slice widths are multiples of this
     cs = sorted({(-(-fK // n) + q - 1) // q * q for n in (1, 2, 4, 8, 16, 32) if -(-fK // n) >= 1}, reverse=True)
-    for cfg in range(2 if version == "v3" else 3):
+    if version == "v4":  # multiples of 64 that divide f_K
+        cs = [c for c in range(fK, 63, -64) if fK % c == 0]
+    for cfg in range({"v3": 2, "v4": 1}.get(version, 3)):
         for c in cs:
             p = plan(batch, sizes, dtype, device, cfg, c, version=version)
             if not p["fits"] or p["c"] != c:
