@@ -26,6 +26,11 @@
 //       last; only x is read and y written. Limit: (N/f_K)·c·sizeof(T) per state buffer (two buffers for K ≥ 3, one
 //       for K = 2) plus ~34 KB of staging must fit the 227 KB a block may have: N/f_K ≲ 48k floats (K = 2), ≲ 24k
 //       (K ≥ 3) at c = 4. Above it, and for K = 1, v2 runs v1. Backward: v1's kernels on the states v2 saved.
+//   v3: v2's fusion on tensor cores, forward only: mma.sync TF32 on float32 tensors, bf16 (ldmatrix.trans fragments)
+//       on bfloat16 ones; the state stored directly in the next step's padded operand layout (v3.cu).
+//   v4: two factors (multiples of 64) on wgmma: K-major 128-byte-swizzled tiles staged transposed by the threads,
+//       one persistent block per SM with the factors resident and the next sample prefetched into registers (v4.cu);
+//       v3 elsewhere.
 //
 // Napkin math (H100, fp32, factors 128×128, N = 16384): FLOP = 2·B·N·Σf_k = 8.4 MFLOP per sample; bytes = 2·N·4 =
 // 128 KB per sample (read x, write y): 64 FLOP/byte, compute-bound. B = 32: 268 MFLOP — 4.0 us at the datasheet's
@@ -57,6 +62,8 @@
 //                cfg=0,1,2`): one instantiation of it alone takes 3-4 s of nvcc on the H100 machine
 //   v2_plan.cu   v2's planner (plan_fused: configuration and slice width c) and its launch; it reaches the three
 //                configurations' kernels through the binding (FusedKernels below)
+//   v3.cu        v3: kernel, planner and launch, built per dtype (f32 = TF32, bf16) and configuration (8 or 4 warps)
+//   v4.cu        v4: kernel, planner and launch, built per dtype (f32 = TF32, bf16); sm_90a only
 // The others are built once per dtype (`// lab:variants dtype=f32,f64`); launchers are registered as "name@f32",
 // "name@f64" (v2.cu: "name@f32,0" ...); cpp_src/kron/kron.cpp (the binding) picks them by name, and asks v2's plan
 // before it launches v2.
