@@ -34,7 +34,8 @@ FULL_MAX_N = 16384  # the full matrix is 4·N² bytes (1 GiB at N = 16384)
 def implementations(device: torch.device, n: int, for_timing: bool = False) -> list[str]:
     """The baselines (the full-matrix one only up to FULL_MAX_N), then the kernels that run on `device` (and the C++
     version beside the CUDA ones when checking)."""
-    out = [v for v in K.TORCH_VERSIONS if n <= FULL_MAX_N or K.PYTORCH[v] is not K.kron_full]
+    out = [v for v in K.TORCH_VERSIONS if (n <= FULL_MAX_N or K.PYTORCH[v] is not K.kron_full)
+           and (device.type == "cuda" or v != "torch.bmm.tf32")]
     if device.type == "cuda":
         out += _cuda_kernels() + ([] if for_timing else ["cpu"])
     else:
@@ -42,8 +43,15 @@ def implementations(device: torch.device, n: int, for_timing: bool = False) -> l
     return out
 
 
-def _cuda_kernels() -> list[str]:
-    return [v for v in K.KERNELS if v != "cpu"]
+def _cuda_kernels(train: bool = False) -> list[str]:
+    """The CUDA versions; train: only those with a backward (v3/v4, the tensor-core rungs, are forward-only)."""
+    return [v for v in K.KERNELS if v != "cpu" and not (train and v in K.TENSOR_CORE)]
+
+
+def two_layers_forward(version: str, x, a, b):
+    """y = layer_b(layer_a(x)) without gradients (the forward-only versions)."""
+    with torch.no_grad():
+        return K.kron(K.kron(x, a, version), b, version)
 
 
 def _layers(batch: int, sizes: tuple[int, ...], dtype, device, seed: int = 0):
@@ -69,30 +77,49 @@ def two_layers(version: str, x, gy, a, b):
 def cmd_check(args, sizes, dtype, device) -> int:
     n = math.prod(sizes)
     x, gy, a, b = _layers(args.batch_size, sizes, dtype, device)
-    res = {}
+    res, prec = {}, {}
     for v in implementations(device, n):
+        if v in K.TENSOR_CORE or v == "torch.bmm.tf32":  # TF32 products (float32 only), and v3/v4 forward-only
+            if dtype != torch.float32:
+                continue
+            prec[v] = "tf32"
+            if v == "torch.bmm.tf32":
+                y, g, gw = two_layers(v, x, gy, a, b)
+                res[v] = {"y": y.double().cpu(), "g": g.double().cpu(),
+                          "gW": torch.cat([t.flatten() for t in gw]).double().cpu()}
+            else:
+                res[v] = {"y": two_layers_forward(v, x, a, b).double().cpu()}
+            continue
         inputs = (x, gy, a, b) if v != "cpu" else (x.cpu(), gy.cpu(), [w.cpu() for w in a], [w.cpu() for w in b])
         y, g, gw = two_layers(v, *inputs)
         res[v] = {"y": y.double().cpu(), "g": g.double().cpu(), "gW": torch.cat([t.flatten() for t in gw]).double().cpu()}
     for v, r in res.items():
         for key, t in r.items():
             print(f"||{v}_{key}|| = {torch.linalg.vector_norm(t).item()!r}")
-    tol = verify.tolerance(dtype)
     names = list(res)
     bad = 0
     for i, v in enumerate(names):
         for w in names[i + 1:]:
+            # a pair is held to the looser of its two precisions (TF32 against fp32: TF32's)
+            tol = max(verify.tolerance(dtype, prec.get(v)), verify.tolerance(dtype, prec.get(w)))
             for key in ("y", "g", "gW"):
+                if key not in res[v] or key not in res[w]:
+                    continue
                 c = verify.compare(res[w][key], res[v][key])
                 ok = c.rel_err <= tol
                 bad += not ok
                 print(f"{v}_{key} == {w}_{key}: {ok} ({c.rel_err:.1e})")
-    print(f"(relative error ||a - b|| / ||b||; True: <= {tol:.0e}, the lab's {verify.dtype_name(dtype)} tolerance)")
+    tf32 = f", {verify.tolerance(dtype, 'tf32'):.0e} where one side multiplies in TF32" if prec else ""
+    print(f"(relative error ||a - b|| / ||b||; True: <= {verify.tolerance(dtype):.0e}, the lab's "
+          f"{verify.dtype_name(dtype)} tolerance{tf32}; v3/v4 are forward-only: y alone)")
     return 1 if bad else 0
 
 
 def cmd_profile(args, sizes, dtype, device) -> int:
-    v = args.implementation or (_cuda_kernels()[-1] if device.type == "cuda" else "cpu")
+    v = args.implementation or (_cuda_kernels(train=True)[-1] if device.type == "cuda" else "cpu")
+    if v in K.TENSOR_CORE:
+        sys.exit(f"--implementation {v} is forward-only (no backward yet): profile needs a training step; choose from "
+                 f"{', '.join(x for x in implementations(device, math.prod(sizes), for_timing=True) if x not in K.TENSOR_CORE)}")
     if v not in implementations(device, math.prod(sizes)) or (v == "cpu" and device.type == "cuda"):
         sys.exit(f"--implementation {v} does not run here; choose from "
                  f"{', '.join(implementations(device, math.prod(sizes), for_timing=True))}")
@@ -114,8 +141,12 @@ def cmd_bench(args, sizes, dtype, device) -> int:
     label = " x ".join(str(s) for s in (args.batch_size, *sizes))
     ms = []
     for v in implementations(device, n, for_timing=True):
+        if (v in K.TENSOR_CORE or v == "torch.bmm.tf32") and dtype != torch.float32:
+            continue
         for what, fn in (("forward", lambda v=v: K.kron(x, a, v)),
                          ("forward + backward", lambda v=v: two_layers(v, x, gy, a, b))):
+            if what != "forward" and v in K.TENSOR_CORE:
+                continue  # forward-only
             t = time_fn(fn, device)
             spec = TaskSpec(stmt=what, setup="", label=f"kron {verify.dtype_name(dtype)} on {env.device_name(device)}",
                             sub_label=f"{label} {what} ({flops * (1 if what == 'forward' else 6):.3e} FLOP)",
