@@ -243,19 +243,20 @@ def headlines(rows: list[dict]) -> list[dict]:
             by_shape.setdefault(r["shape"], []).append(r)
         # (equal sizes, e.g. kron's factorizations at one batch: the later in the sweep)
         shape = max(by_shape, key=lambda s: (max(r["size"] or 0 for r in by_shape[s]), sweep.get(s, -1), s))
-        # the run whose rows at that shape cover the most of the op's current versions (a partial rerun covers a
-        # few), the newest of those: one run's rows per line, never a mix of runs
+        # per precision of our kernels there (strict fp32 and TF32 rungs are often timed in different runs): the run
+        # whose rows of that precision cover the most of the op's current versions (a partial rerun covers a few),
+        # the newest of those: one run's rows per line, never a mix of runs
         names = _version_names(fam, op)
         run_of = lambda r: r.get("run_id") or r["commit"]   # noqa: E731
-        cover: dict[str, tuple[int, str]] = {}
-        for run in {run_of(r) for r in by_shape[shape]}:
-            mine = [r for r in by_shape[shape] if run_of(r) == run]
-            cover[run] = (len({r["version"] for r in mine if not names or r["version"] in names}),
-                          max(r["timestamp"] or "" for r in mine))
-        best = max(cover, key=lambda run: cover[run])
-        by_shape[shape] = results.latest([r for r in by_shape[shape] if run_of(r) == best])
-        sel = by_shape[shape]
-        for prec in sorted({r["precision"] for r in sel if not _is_baseline(r)}):
+        for prec in sorted({r["precision"] for r in by_shape[shape] if not _is_baseline(r)}):
+            of_prec = [r for r in by_shape[shape] if r["precision"] == prec]
+            cover: dict[str, tuple[int, str]] = {}
+            for run in {run_of(r) for r in of_prec if not _is_baseline(r)}:
+                mine = [r for r in of_prec if run_of(r) == run]
+                cover[run] = (len({r["version"] for r in mine if not names or r["version"] in names}),
+                              max(r["timestamp"] or "" for r in mine))
+            best = max(cover, key=lambda run: cover[run])
+            sel = results.latest([r for r in of_prec if run_of(r) == best])
             line = {"family": fam, "op": op, "dtype": dt, "precision": prec, "shape": shape, "modes": {}}
             for mode in ("events", "graph", "cpu"):
                 ours = [r for r in sel if not _is_baseline(r) and r["precision"] == prec and r["mode"] == mode]

@@ -105,6 +105,24 @@ def test_status_headlines_take_the_sweeps_largest_shape_not_a_rerun_of_a_smaller
     assert h["shape"] == f"n={sizes[-1]}" and h["modes"]["events"][0]["commit"] == "ccc"
 
 
+def test_status_headlines_pick_a_run_per_precision():
+    """A later run that timed only the TF32 rung (and its baselines) at the sweep's largest shape adds a TF32 line; the
+    strict-fp32 line still comes from the earlier run that timed the strict-fp32 kernels there."""
+    from lab import report
+    def row(commit, v, prec, us):
+        return dict(_timing(H100, v, 1 << 20, us), commit=commit, timestamp=f"2026-11-26T1{len(commit)}:00",
+                    run_id=commit, precision=prec, family="linear", op="linear", shape="M=8", size=8)
+    strict = [row("aaa", v, "float32", us) for v, us in (("torch", 100.0), ("v8", 80.0), ("v7", 90.0))]
+    tf32 = [row("bbbb", v, "tf32", us) for v, us in (("torch.tf32", 20.0), ("v11", 25.0))] + \
+        [row("bbbb", "torch", "float32", 101.0)]           # its strict baseline, timed beside it
+    hs = {h["precision"]: h for h in report.headlines(strict + tf32)}
+    assert set(hs) == {"float32", "tf32"}
+    o, b = hs["float32"]["modes"]["events"]
+    assert (o["version"], o["commit"], b["commit"]) == ("v8", "aaa", "aaa")
+    o, b = hs["tf32"]["modes"]["events"]
+    assert (o["version"], b["version"], o["commit"]) == ("v11", "torch.tf32", "bbbb")
+
+
 def test_build_times_go_to_their_device_and_an_old_table_is_migrated(tmp_path, monkeypatch):
     from lab import buildtime
     monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path))
