@@ -401,6 +401,50 @@ def test_mixed_devices_are_refused():
         K.kron(x, [torch.randn(2, 2, device="cuda"), torch.randn(3, 3)], "v2")
 
 
+# ---- the default version: the tuning table ---------------------------------------------------------------------------
+def test_default_reads_the_tuning_table_by_gpu_build_dtype_factors_and_nearest_batch():
+    t = {"H100 | abc": {"float32 128x128": {"32": {"version": "v1"}, "1024": {"version": "v2"}},
+                        "bfloat16 128x128": {"1024": {"version": "v4"}}}}
+    look = lambda key, dt, b, sizes=(128, 128): K.lookup_default(t, key, dt, sizes, b)  # noqa: E731
+    assert [look("H100 | abc", torch.float32, b) for b in (1, 32, 100, 200, 1024, 4096)] == \
+        ["v1", "v1", "v1", "v2", "v2", "v2"]                       # nearest tuned batch on a log scale
+    assert look("H100 | abc", torch.bfloat16, 8) == "v4"
+    assert look("H100 | xyz", torch.float32, 32) == "v2"           # another build (an edited source): the static default
+    assert look("H100 | xyz", torch.bfloat16, 32) == "v3"
+    assert look("H100 | abc", torch.float32, 32, (64, 64)) == "v2"  # untuned factors
+    assert look("H100 | abc", torch.float64, 32) == "v2"           # untuned dtype
+    # a float32 call never defaults to a TF32 version, a bfloat16 one never to a strict-fp32 one
+    assert set(K.DEFAULT_CANDIDATES[torch.float32]) == {"v1", "v2"} and \
+        set(K.DEFAULT_CANDIDATES[torch.bfloat16]) == {"v3", "v4"}
+
+
+def test_the_tuning_table_file_round_trips(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    assert K.tune_path() == tmp_path / "kron_tune.json" and K.load_table() == {}
+    K._save_table({"gpu | k": {"float32 8x8": {"4": {"version": "v1"}}}})
+    assert K.load_table()["gpu | k"]["float32 8x8"]["4"]["version"] == "v1"
+    (tmp_path / "kron_tune.json").write_text("{not json")        # a broken file reads as no table
+    import os
+    os.utime(tmp_path / "kron_tune.json", (1, 1))
+    assert K.load_table() == {}
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tune_default_records_the_fastest_and_the_default_follows(tmp_path, monkeypatch, dtype):
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    rows = K.tune_default([4, 64], "64x64", dtype, budget_ms=5.0)
+    assert {r["version"] for r in rows} == set(K.DEFAULT_CANDIDATES[dtype]) and len(rows) == 4
+    for b in (4, 64):
+        mine = [r for r in rows if r["batch"] == b]
+        chosen = min(mine, key=lambda r: r["median_us"])["version"]
+        assert [r["version"] for r in mine if r["chosen"]] == [chosen]
+        x, *ws = _inputs(b, "64x64", dtype, "cuda", seed=12)
+        assert K.default_version(x, ws) == chosen
+        ref = K.kron_ref(x.double(), *[w.double() for w in ws])
+        verify.assert_close(K.forward(x, ws), ref, dtype, what=f"default ({chosen})")  # in the dtype's precision
+
+
 # ---- the command line ------------------------------------------------------------------------------------------------
 def test_command_line_check_agrees(capsys):
     from lab import kron as cli

@@ -335,7 +335,8 @@ __global__ void __launch_bounds__(kBlockThreads, kWarps == 8 ? 2 : 3) fused_tc_k
 #pragma unroll
               for (int i = 0; i < kMI; ++i)
 #pragma unroll
-                for (int j = 0; j < kNI; ++j) M::mma(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+                for (int j = 0; j < kNI; ++j)
+                  M::mma(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
             }
           });
 

@@ -86,7 +86,8 @@ __device__ __forceinline__ void wgmma64(float* d, uint64_t da, uint64_t db, int 
 #ifdef LAB_SM90A
 #if defined(LAB_VARIANT_dtype_bf16)
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" KRON_WG_REGS32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" KRON_WG_REGS32
+               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
                : KRON_WG_ACC32(d)
                : "l"(da), "l"(db), "r"(scale_d));
 #else

@@ -31,13 +31,16 @@ v3 is forward-only and says so when a gradient is asked of it.
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
+from pathlib import Path
 from typing import Sequence
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from .. import build
+from .. import build, env
 from ..registry import Family, Op, Version, register, version_number
 from ..timing import time_cuda
 from ._common import elem_size, matmul_tf32, randn, strict_fp32
@@ -195,10 +198,116 @@ PYTORCH = {"torch": kron_torch, "torch.bmm": kron_bmm, "torch.bmm.tf32": kron_bm
 
 
 # ---- cpu, v1, v2: the compiled code ---------------------------------------------------------------------------------
-def _default(x: torch.Tensor) -> str:
+def _backward_default(x: torch.Tensor) -> str:
+    # the backward of v1 and v2 is one set of kernels (backward.cu); the tensor-core versions have none
+    return "v2" if x.is_cuda else "cpu"
+
+
+# ---- the default version: the fastest, from a tuning table kron.tune_default writes ---------------------------------
+# The table lives beside the build cache (env.cache_dir() / kron_tune.json), keyed by the GPU's name and the hash of
+# the family's CUDA build (every source, header and flag: an edit makes the old entries invisible), then by dtype and
+# factor sizes, then by batch. A batch not in the table takes the entry of the nearest tuned batch (log scale). The
+# candidates keep the dtype's precision: float32 and float64 choose among v1/v2 (strict fp32/fp64: the default never
+# switches a float32 call to TF32), bfloat16 among v3/v4. Without an entry: v2, and v3 for bfloat16.
+DEFAULT_CANDIDATES = {torch.float32: ("v1", "v2"), torch.float64: ("v1", "v2"), torch.bfloat16: ("v3", "v4")}
+STATIC_DEFAULT = {torch.bfloat16: "v3"}  # else v2
+TUNE_FILE = "kron_tune.json"
+_table_cache: dict[Path, tuple[float, dict]] = {}
+
+
+def tune_path() -> Path:
+    return env.cache_dir() / TUNE_FILE
+
+
+@functools.lru_cache(maxsize=None)
+def _build_key() -> str:
+    """The hash of the CUDA build's sources, headers and flags (computed once per process)."""
+    return build.spec(FAMILY, "cuda").key
+
+
+def table_key(device) -> str:
+    return f"{torch.cuda.get_device_name(torch.device(device))} | {_build_key()}"
+
+
+def _case(dtype: torch.dtype, sizes: Sequence[int]) -> str:
+    return f"{str(dtype).replace('torch.', '')} {factors_label(sizes)}"
+
+
+def load_table() -> dict:
+    """The tuning table ({} when there is none); re-read only when the file changed."""
+    path = tune_path()
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return {}
+    hit = _table_cache.get(path)
+    if hit and hit[0] == mtime:
+        return hit[1]
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    _table_cache[path] = (mtime, table)
+    return table
+
+
+def _save_table(table: dict) -> None:
+    path = tune_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+    os.replace(tmp, path)   # atomic: a reader sees the old table or the new one
+
+
+def default_version(x: torch.Tensor, factors: Sequence[torch.Tensor] | None = None) -> str:
+    """The version a call without `version=` runs: "cpu" on the CPU; on CUDA the fastest tuned candidate for this
+    GPU, build, dtype, factor sizes and (nearest) batch, else the static default."""
     if not x.is_cuda:
         return "cpu"
-    return "v3" if x.dtype == torch.bfloat16 else "v2"
+    if factors is None or x.dim() != 2:
+        return STATIC_DEFAULT.get(x.dtype, "v2")
+    table = load_table()
+    key = table_key(x.device) if table else ""
+    return lookup_default(table, key, x.dtype, [int(w.shape[0]) for w in factors], int(x.shape[0]))
+
+
+def lookup_default(table: dict, key: str, dtype: torch.dtype, sizes: Sequence[int], batch: int) -> str:
+    """The table's choice for (GPU and build `key`, dtype, factor sizes) at the tuned batch nearest `batch` (log scale;
+    a tie goes to the smaller), else the static default."""
+    entries = table.get(key, {}).get(_case(dtype, sizes))
+    if not entries:
+        return STATIC_DEFAULT.get(dtype, "v2")
+    b = max(batch, 1)
+    near = min(entries, key=lambda k: (abs(math.log(max(int(k), 1) / b)), int(k)))
+    return entries[near]["version"]
+
+
+def tune_default(batches: Sequence[int], sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32,
+                 device="cuda", budget_ms: float = 40.0) -> list[dict]:
+    """Time the default's candidates (DEFAULT_CANDIDATES[dtype], each with its automatic plan) at each batch, record
+    the fastest in the tuning table and return rows (batch, version, median_us, chosen)."""
+    sizes = parse_factors(sizes)
+    if dtype not in DEFAULT_CANDIDATES:
+        raise ValueError(f"tune_default: dtype must be one of {', '.join(map(str, DEFAULT_CANDIDATES))}, got {dtype}")
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    table = dict(load_table())
+    cases = table.setdefault(table_key(dev), {})
+    entries = cases.setdefault(_case(dtype, sizes), {})
+    for b in batches:
+        x, *fs = make_forward_inputs({"batch": int(b), "factors": factors_label(sizes)}, dtype, dev, g)
+        out = torch.empty_like(x)
+        times = {}
+        for v in DEFAULT_CANDIDATES[dtype]:
+            with build.frozen():
+                times[v] = time_cuda(lambda v=v: ext().forward(x, fs, out, [], version_number(v), -1, 0),
+                                     budget_ms=budget_ms).median_us
+        best = min(times, key=times.get)
+        entries[str(int(b))] = {"version": best, "median_us": {v: round(t, 3) for v, t in times.items()}}
+        rows += [{"batch": int(b), "version": v, "median_us": t, "chosen": v == best} for v, t in times.items()]
+    _save_table(table)
+    return rows
 
 
 def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor | None = None,
@@ -212,8 +321,8 @@ def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor 
     """
     check_inputs(x, factors)
     out = torch.empty_like(x) if out is None else out
-    return ext().forward(x, list(factors), out, list(states or []), version_number(version or _default(x)), cfg,
-                         cols)
+    version = version or default_version(x, factors)
+    return ext().forward(x, list(factors), out, list(states or []), version_number(version), cfg, cols)
 
 
 def backward(g: torch.Tensor, x: torch.Tensor, factors: Sequence[torch.Tensor], states: Sequence[torch.Tensor],
@@ -223,7 +332,7 @@ def backward(g: torch.Tensor, x: torch.Tensor, factors: Sequence[torch.Tensor], 
     check_inputs(x, factors)
     dx = torch.empty_like(x) if dx is None else dx
     dws = [torch.empty_like(w) for w in factors] if dws is None else list(dws)
-    ext().backward(g, x, list(factors), list(states), dx, dws, version_number(version or _default(x)))
+    ext().backward(g, x, list(factors), list(states), dx, dws, version_number(version or _backward_default(x)))
     return dx, dws
 
 
@@ -262,20 +371,20 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
     """y = x · (W_K ⊗ … ⊗ W_1), differentiable in x and every factor.
 
     x: (batch, N); factors: [W_1, …, W_K], W_k (f_k, f_k), N = f_1·…·f_K, W_1 on the fastest axis of x.
-    version: 'cpu', 'v1', 'v2', 'v3', 'v4' (compiled; default v2 on CUDA — v3 for bfloat16 —, cpu on the CPU) or a PyTorch
-    baseline: 'torch', 'torch.bmm', 'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2 take float32/float64, v3/v4 float32
-    (TF32) and bfloat16.
+    version: 'cpu', 'v1', 'v2', 'v3', 'v4' (compiled; default: cpu on the CPU, on CUDA the fastest of the dtype's
+    precision from the tuning table tune_default writes, else v2, v3 for bfloat16) or a PyTorch baseline: 'torch',
+    'torch.bmm', 'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2 take float32/float64, v3/v4 float32 (TF32) and bfloat16.
     """
     check_inputs(x, factors)
-    version = version or _default(x)
+    version = version or default_version(x, factors)
     if version in PYTORCH:
         return PYTORCH[version](x, list(factors))
     if version not in KERNELS:
         raise ValueError(f"version must be one of {', '.join(TORCH_VERSIONS + KERNELS)}, got {version!r}")
     if version in TENSOR_CORE:  # forward-only: no autograd node, and a clear error where a gradient would be needed
         if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in factors)):
-            raise ValueError(f"kron: {version} (tensor cores) is forward-only: it has no backward yet; use v2 (float32) "
-                             "for training, or call it under torch.no_grad()")
+            raise ValueError(f"kron: {version} (tensor cores) is forward-only: it has no backward yet; use v2 "
+                             "(float32) for training, or call it under torch.no_grad()")
         return forward(x.contiguous(), [w.contiguous() for w in factors], version=version, cfg=cfg, cols=cols)
     return KronFunction.apply(x, version, cfg, cols, *factors)
 

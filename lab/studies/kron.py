@@ -1,4 +1,4 @@
-"""python -m lab.kron [--dtype {f,d}] batch_size factor [factor ...] {check,profile,bench}
+"""python -m lab.kron [--dtype {f,d,bf16}] batch_size factor [factor ...] {check,profile,bench,tune}
 
 kron's study: the original study's driver, on the lab's spine (the layer itself: lab/kernels/kron.py; the command
 `python -m lab.kron` runs main() here through lab/kron.py). Factors are listed as
@@ -11,6 +11,10 @@ f_1 … f_K: `32 128 64` is a batch of 32 through W_2 ⊗ W_1 with W_1 128×128 
             trace under results/traces/ (open in chrome://tracing or ui.perfetto.dev)
   bench     the state size, the arithmetic intensity, and a torch.utils.benchmark.Compare table, one column per
             implementation, forward and forward + backward, in microseconds (CUDA events, L2 flushed per run)
+  tune      (CUDA) time the default version's candidates for the dtype at this batch and factors, and record the
+            fastest in the tuning table the default reads (lab.kernels.kron.tune_default); prints what it chose
+  The tensor-core versions v3/v4 are forward-only: check compares their y, bench times their forward. --dtype bf16
+  runs the versions that take bfloat16 (v3, v4, the torch baselines).
 
 Implementations: the family's PyTorch baselines (the one that builds the N×N matrix only for N <= 16384), then its
 kernels: cpu (C++) and the CUDA versions (lab.kernels.kron.TORCH_VERSIONS and KERNELS).
@@ -48,6 +52,11 @@ def _cuda_kernels(train: bool = False) -> list[str]:
     return [v for v in K.KERNELS if v != "cpu" and not (train and v in K.TENSOR_CORE)]
 
 
+def _takes(v: str, dtype) -> bool:
+    """Whether implementation v takes tensors of `dtype` (the forward op's registry entry says)."""
+    return K.OPS[0].version(v).supports(dtype)
+
+
 def two_layers_forward(version: str, x, a, b):
     """y = layer_b(layer_a(x)) without gradients (the forward-only versions)."""
     with torch.no_grad():
@@ -79,10 +88,10 @@ def cmd_check(args, sizes, dtype, device) -> int:
     x, gy, a, b = _layers(args.batch_size, sizes, dtype, device)
     res, prec = {}, {}
     for v in implementations(device, n):
-        if v in K.TENSOR_CORE or v == "torch.bmm.tf32":  # TF32 products (float32 only), and v3/v4 forward-only
-            if dtype != torch.float32:
-                continue
-            prec[v] = "tf32"
+        if not _takes(v, dtype):
+            continue
+        if v in K.TENSOR_CORE or v == "torch.bmm.tf32":  # TF32 products on float32, and v3/v4 forward-only
+            prec[v] = "tf32" if dtype == torch.float32 else None
             if v == "torch.bmm.tf32":
                 y, g, gw = two_layers(v, x, gy, a, b)
                 res[v] = {"y": y.double().cpu(), "g": g.double().cpu(),
@@ -109,7 +118,8 @@ def cmd_check(args, sizes, dtype, device) -> int:
                 ok = c.rel_err <= tol
                 bad += not ok
                 print(f"{v}_{key} == {w}_{key}: {ok} ({c.rel_err:.1e})")
-    tf32 = f", {verify.tolerance(dtype, 'tf32'):.0e} where one side multiplies in TF32" if prec else ""
+    tf32 = (f", {verify.tolerance(dtype, 'tf32'):.0e} where one side multiplies in TF32"
+            if "tf32" in prec.values() else "")
     print(f"(relative error ||a - b|| / ||b||; True: <= {verify.tolerance(dtype):.0e}, the lab's "
           f"{verify.dtype_name(dtype)} tolerance{tf32}; v3/v4 are forward-only: y alone)")
     return 1 if bad else 0
@@ -118,8 +128,9 @@ def cmd_check(args, sizes, dtype, device) -> int:
 def cmd_profile(args, sizes, dtype, device) -> int:
     v = args.implementation or (_cuda_kernels(train=True)[-1] if device.type == "cuda" else "cpu")
     if v in K.TENSOR_CORE:
-        sys.exit(f"--implementation {v} is forward-only (no backward yet): profile needs a training step; choose from "
-                 f"{', '.join(x for x in implementations(device, math.prod(sizes), for_timing=True) if x not in K.TENSOR_CORE)}")
+        trainable = [x for x in implementations(device, math.prod(sizes), for_timing=True) if x not in K.TENSOR_CORE]
+        sys.exit(f"--implementation {v} is forward-only (no backward yet): profile needs a training step; choose "
+                 f"from {', '.join(trainable)}")
     if v not in implementations(device, math.prod(sizes)) or (v == "cpu" and device.type == "cuda"):
         sys.exit(f"--implementation {v} does not run here; choose from "
                  f"{', '.join(implementations(device, math.prod(sizes), for_timing=True))}")
@@ -141,7 +152,7 @@ def cmd_bench(args, sizes, dtype, device) -> int:
     label = " x ".join(str(s) for s in (args.batch_size, *sizes))
     ms = []
     for v in implementations(device, n, for_timing=True):
-        if (v in K.TENSOR_CORE or v == "torch.bmm.tf32") and dtype != torch.float32:
+        if not _takes(v, dtype):
             continue
         for what, fn in (("forward", lambda v=v: K.kron(x, a, v)),
                          ("forward + backward", lambda v=v: two_layers(v, x, gy, a, b))):
@@ -158,10 +169,22 @@ def cmd_bench(args, sizes, dtype, device) -> int:
     return 0
 
 
+def cmd_tune(args, sizes, dtype, device) -> int:
+    if device.type != "cuda":
+        sys.exit("tune times CUDA versions: it needs a GPU")
+    rows = K.tune_default([args.batch_size], sizes, dtype, device)
+    for r in rows:
+        print(f"{r['version']:>4} {r['median_us']:9.1f} us{'  <- default' if r['chosen'] else ''}")
+    x, _, a, _ = _layers(args.batch_size, sizes, dtype, device)
+    print(f"(table: {K.tune_path()}; the default for {verify.dtype_name(dtype)} {K.factors_label(sizes)} near batch "
+          f"{args.batch_size} is now {K.default_version(x, a)})")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.kron", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", choices=["f", "d"], default="f", help="f: float32, d: float64")
+    p.add_argument("--dtype", choices=["f", "d", "bf16"], default="f", help="f: float32, d: float64, bf16: bfloat16")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when a GPU is visible")
     p.add_argument("batch_size", type=int)
     p.add_argument("factor", type=int, nargs="+")
@@ -170,15 +193,19 @@ def main(argv=None) -> int:
     sp = sub.add_parser("profile", help="profiler table and Chrome trace of one implementation")
     sp.add_argument("--implementation", help=", ".join(K.TORCH_VERSIONS + K.KERNELS))
     sub.add_parser("bench", help="state size, arithmetic intensity, Compare table")
+    sub.add_parser("tune", help="time the default's candidates here and record the fastest (CUDA)")
     args = p.parse_args(argv)
-    dtype = {"f": torch.float32, "d": torch.float64}[args.dtype]
+    dtype = {"f": torch.float32, "d": torch.float64, "bf16": torch.bfloat16}[args.dtype]
     device = torch.device(args.device or env.default_device())
     if device.type == "cuda" and not env.has_gpu():
         sys.exit("no GPU is visible (torch.cuda.is_available() is False); use --device cpu")
     if args.batch_size < 1:
         sys.exit(f"batch_size must be >= 1, got {args.batch_size}")
     sizes = K.parse_factors(args.factor)
-    return {"check": cmd_check, "profile": cmd_profile, "bench": cmd_bench}[args.cmd](args, sizes, dtype, device)
+    if dtype == torch.bfloat16 and args.cmd == "profile":
+        sys.exit("profile runs a training step: bfloat16 versions (v3, v4) are forward-only; use --dtype f or d")
+    cmds = {"check": cmd_check, "profile": cmd_profile, "bench": cmd_bench, "tune": cmd_tune}
+    return cmds[args.cmd](args, sizes, dtype, device)
 
 
 if __name__ == "__main__":
