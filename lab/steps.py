@@ -71,10 +71,16 @@ def profile_shape(op: Op, device: torch.device) -> dict:
 
 
 def ours_and_baseline(op: Op) -> list[str]:
-    """The names of our versions (vN) of `op` and of the one baseline its ratios are against (op.baseline): what
+    """The names of our versions (vN) of `op` and of the baselines their ratios are against (op.baseline, and the
+    baseline of another precision where a version of ours declares one, e.g. TF32): what
     `lab profile --ours` profiles. The other baselines can cost more than everything else under ncu (optim's for-loop
     Adam launches a few kernels per tensor, 148 tensors at its profile shape, each replayed)."""
-    return [v.name for v in op.versions if not v.baseline or v.name == op.baseline]
+    # a version multiplying in another precision (TF32) is held against the first baseline of that precision
+    # (bench.reference_baseline's rule)
+    precs = {v.precision for v in op.versions if not v.baseline and v.precision}
+    firsts = {next(v.name for v in op.versions if v.baseline and v.precision == p)
+              for p in precs if any(v.baseline and v.precision == p for v in op.versions)}
+    return [v.name for v in op.versions if not v.baseline or v.name == op.baseline or v.name in firsts]
 
 
 def _key(fam: Family, op: Op, v, dt: torch.dtype, shape: dict) -> dict:
