@@ -11,7 +11,7 @@ from lab.kernels import linear as L
 from conftest import devices, needs_gpu
 
 FAM = registry.get("linear")
-CUDA_F32 = list(L.IDEAS)                                               # v1 .. v11
+CUDA_F32 = list(L.IDEAS)                                               # v1 .. v12
 CUDA_BF16 = [v for v in L.IDEAS if torch.bfloat16 in L.DTYPES.get(v, ())]  # v10, v11: the same names as on fp32
 
 
@@ -27,7 +27,7 @@ def _precision(version: str, dtype: torch.dtype) -> str | None:
 
 def test_precision_is_a_dimension_of_a_version():
     # one name per rung: the tensor-core rungs run both dtypes, TF32 on float32 and bf16 on bfloat16
-    assert CUDA_BF16 == ["v10", "v11"] and L.LADDER == [f"v{i}" for i in range(1, 12)]
+    assert CUDA_BF16 == ["v10", "v11"] and L.LADDER == [f"v{i}" for i in range(1, 13)]
     op = FAM.op("linear")
     assert [v.name for v in op.versions if not v.baseline] == ["cpu"] + L.LADDER
     for v in CUDA_BF16:
@@ -158,6 +158,26 @@ def test_gemv_at_the_decoder_shape():
         L.gemv(x, layer.weight, layer.bias.detach())
 
 
+@needs_gpu
+@pytest.mark.parametrize("m", [5, 9, 16, 64, 128, 129, 300])
+def test_split_k_at_the_decoder_shape(m):
+    # v12 where v8's 128x128 tiles cannot fill the GPU: fc_out (5893 x 1280) from a few rows to past two row tiles;
+    # K split over a cluster of up to 8 blocks, partial tiles summed in distributed shared memory; poisoned output
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 1280, generator=g).cuda()
+    w = (torch.randn(5893, 1280, generator=g) / 1280 ** 0.5).cuda()
+    b = torch.randn(5893, generator=g).cuda()
+    ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    out = torch.full((m, 5893), float("nan"), device="cuda")
+    verify.assert_close(L.linear(x, w, b, out=out, version="v12"), ref, torch.float32, what=f"v12 M={m}")
+    verify.assert_close(L.linear(x, w, out=torch.full_like(out, float("nan")), version="v12"),
+                        ref - b.double(), torch.float32, what=f"v12 M={m} no bias")
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    if m > L.GEMV_ROWS:
+        assert L.fastest(x, 5893) == ("linear", "v12" if hopper else L.BEST_SIMT)
+    verify.assert_close(L.linear(x, w, b), ref, torch.float32, what=f"default M={m}")
+
+
 @pytest.mark.parametrize("device", devices())
 def test_bad_input_names_the_argument(device):
     v = "v8" if device == "cuda" else "cpu"
@@ -217,8 +237,8 @@ def test_cuda_bad_input():
     with pytest.raises(TypeError, match=r"version 8 takes Float tensors \(x, weight, bias, out\), got BFloat16 "
                                         r"\(the bfloat16 versions are 10 and 11\)"):
         L.linear(x.bfloat16(), w.bfloat16(), version="v8")
-    with pytest.raises(ValueError, match=r"linear: CUDA versions are 1..11, got 12"):
-        L.linear(x, w, version="v12")
+    with pytest.raises(ValueError, match=r"linear: CUDA versions are 1..12, got 13"):
+        L.ext().linear(x, w, None, torch.empty(4, 3, device="cuda"), 13)
     with pytest.raises(ValueError, match=r"gemv: CUDA versions are 1..1, got 2"):
         L.gemv(x, w, version="v2")
     with pytest.raises(TypeError, match=r"gemv: version 1 takes Float tensors \(x, weight, bias, out\), got BFloat16"):

@@ -6,15 +6,15 @@
 // x: (..., in_features), contiguous; weight: (out_features, in_features) exactly as nn.Linear stores it (read in
 // place: no transposed copy, on either device); bias: (out_features,) or None; out: (..., out_features), allocated by
 // the caller (the lab poisons it before a check). version: 0 = the C++ CPU code (CPU tensors, float32; both ops);
-// linear: 1..11 = the CUDA versions in cuda_src/linear/ (1..9 float32; 10 and 11 float32, multiplying in TF32, or
-// bfloat16: the dtype of the tensors picks the build); gemv: 1 = cuda_src/linear/gemv_v1.cu (float32).
+// linear: 1..12 = the CUDA versions in cuda_src/linear/ (1..9 and 12 float32; 10 and 11 float32, multiplying in
+// TF32, or bfloat16: the dtype of the tensors picks the build); gemv: 1 = cuda_src/linear/gemv_v1.cu (float32).
 #include "lab_common.h"
 
 #include <type_traits>
 
 namespace {
 
-constexpr int64_t kLinearVersions = 11;  // the GEMM ladder: v1..v11
+constexpr int64_t kLinearVersions = 12;  // the GEMM ladder: v1..v12
 constexpr int64_t kGemvVersions = 1;     // gemv: v1
 
 using LinearCpu = void (*)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
@@ -109,6 +109,7 @@ const char* linear_launcher(int64_t v, bool bf16) {
     case 9: return "async_warptile@v9";
     case 10: return bf16 ? "mma_sync@bf16" : "mma_sync@f32";
     case 11: return bf16 ? "wgmma@bf16" : "wgmma@f32";
+    case 12: return "splitk";
     default: return "(no such version)";
   }
 }
@@ -140,7 +141,7 @@ template <class T> const T* ptr_or_null(const at::Tensor* t) { return t ? t->dat
 }  // namespace
 
 // ---- torch-facing functions ------------------------------------------------------------------------------------
-// op linear: the GEMM ladder. version 0 (CPU) or 1..11; the tensors' dtype picks float32 (TF32 for 10, 11) or
+// op linear: the GEMM ladder. version 0 (CPU) or 1..12; the tensors' dtype picks float32 (TF32 for 10, 11) or
 // bfloat16 for 10 and 11.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor out,
                   int64_t version) {
@@ -159,6 +160,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, x.get_device());
     LAB_CHECK_VALUE(major == 9, "linear: v11 uses Hopper's wgmma and TMA (sm_90); this GPU is sm_", major, minor,
                       " (use v10, the mma.sync version)");
+  }
+  if (version == 12) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device());
+    LAB_CHECK_VALUE(major >= 9, "linear: v12 splits K over a thread-block cluster (sm_90+); this GPU is sm_", major,
+                    "x (use v8)");
   }
   const auto [m, n, k] = dims32(p);
   const std::string what = lab::cat("linear v", version, " kernel");

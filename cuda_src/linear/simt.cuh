@@ -111,4 +111,49 @@ __device__ __forceinline__ void warp_tile_store(const float (&acc)[8][4 * NQ], f
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// cp.async tile copies of v8, v9 and v12 (the mapping and why: v8_v9.cu)
+// ---------------------------------------------------------------------------------------------------------------
+// The per-thread part of the copy that does not change along K, computed once: thread t copies column t % BK of rows
+// t / BK + j·(THREADS / BK), j < ROWS·BK / THREADS. Per tile only the K predicate and the K offset change, which
+// keeps the integer work per tile at a few instructions per copy (recomputing rows and bounds per tile cost ~100
+// integer instructions per 512 FMAs).
+template <int ROWS, int BK, int THREADS, int P>
+struct TileCopy {
+  static constexpr int PASSES = ROWS * BK / THREADS, STEP = THREADS / BK;  // rows apart between passes
+  const float* src;  // row r0 + t/BK of the operand (its first row if that one is out of range)
+  int64_t step;      // STEP rows, in elements
+  uint32_t dst;      // byte offset of s[t%BK][t/BK] inside a stage
+  uint32_t rows_ok;  // bit j: row of pass j is inside the operand
+  int col;
+
+  __device__ __forceinline__ TileCopy(const float* g, int rows_total, int K, int r0) {
+    const int r = threadIdx.x / BK;
+    col = threadIdx.x % BK;
+    step = int64_t(STEP) * K;
+    src = g + (r0 + r < rows_total ? int64_t(r0 + r) * K : 0);
+    dst = uint32_t((col * P + r) * sizeof(float));
+    rows_ok = 0;
+#pragma unroll
+    for (int j = 0; j < PASSES; ++j) rows_ok |= uint32_t(r0 + r + j * STEP < rows_total) << j;
+  }
+  // Copy the tile starting at column k0 into the stage at shared address `stage`. Interior tiles (every row in
+  // range, the whole BK inside K) take the branch without predicates.
+  __device__ __forceinline__ void issue(uint32_t stage, int k0, int K) const {
+    if (rows_ok == (1u << PASSES) - 1 && k0 + BK <= K) {
+      const float* p = src + k0 + col;
+#pragma unroll
+      for (int j = 0; j < PASSES; ++j) cp_async4(stage + dst + j * STEP * sizeof(float), p + j * step, 4);
+      return;
+    }
+    const bool k_ok = k0 + col < K;
+#pragma unroll
+    for (int j = 0; j < PASSES; ++j) {
+      const bool ok = k_ok && ((rows_ok >> j) & 1u);
+      // a skipped copy (bytes = 0) reads nothing but is still given an address inside the operand
+      cp_async4(stage + dst + j * STEP * sizeof(float), ok ? src + j * step + k0 + col : src, ok ? 4 : 0);
+    }
+  }
+};
+
 }  // namespace linear

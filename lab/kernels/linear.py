@@ -16,6 +16,7 @@ Three ops:
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -46,6 +47,7 @@ IDEAS = {
     "v9": "bigger thread tile: 8x16 outputs per thread, 6 LDS.128 per 128 FMAs",
     "v10": "tensor cores: mma.sync (TF32 m16n8k8 / bf16 m16n8k16), ldmatrix, 4-stage cp.async",
     "v11": "Hopper wgmma (TF32 64x256x8 / bf16 64x256x16) from TMA-filled swizzled smem, warp-specialised",
+    "v12": "v8 with K split over a thread-block cluster, partial tiles summed through distributed shared memory",
 }
 GEMV_IDEAS = {"v1": "GEMV for small M: one warp per weight row, all its loads in flight, one wave"}
 BEST_SIMT = "v8"  # the fastest fp32 SIMT version at 4096^3 on the H100 (see the notebook)
@@ -59,14 +61,29 @@ def ext():
 GEMV_ROWS = 4  # up to this many rows of float32 x, the default is the gemv op's v1 (see fastest)
 
 
-def fastest(x: torch.Tensor) -> tuple[str, str]:
-    """(op, version): the fastest code for this input at its precision: the GEMV (op gemv) for a few float32 rows,
-    else the best tiled kernel of the ladder (op linear; strict fp32 stays SIMT, TF32 is opt-in by version)."""
+@functools.lru_cache(maxsize=None)
+def _sm_info(index: int) -> tuple[int, int]:
+    p = torch.cuda.get_device_properties(index)
+    return p.multi_processor_count, p.major
+
+
+def fastest(x: torch.Tensor, out_features: int | None = None) -> tuple[str, str]:
+    """(op, version): the fastest code for this input at its precision: the GEMV (op gemv) for a few float32 rows;
+    where v8's 128x128 output tiles are fewer than the GPU's SMs (the decoder's fc_out at batch <= 128) v12, which
+    splits K over a cluster (Hopper); else the best tiled kernel of the ladder (strict fp32 stays SIMT, TF32 is opt-in
+    by version)."""
     if not x.is_cuda:
         return "linear", "cpu"
     if x.dtype == torch.bfloat16:
         return "linear", "v11" if torch.cuda.get_device_capability(x.device)[0] == 9 else "v10"
-    return ("gemv", "v1") if math.prod(x.shape[:-1]) <= GEMV_ROWS else ("linear", BEST_SIMT)
+    m = math.prod(x.shape[:-1])
+    if m <= GEMV_ROWS:
+        return "gemv", "v1"
+    if out_features is not None:
+        sms, major = _sm_info(x.device.index if x.device.index is not None else torch.cuda.current_device())
+        if major >= 9 and -(-m // 128) * -(-out_features // 128) < sms:
+            return "linear", "v12"
+    return "linear", BEST_SIMT
 
 
 # ---- wrappers ---------------------------------------------------------------------------------------------------
@@ -84,7 +101,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     for a few float32 rows is the gemv op's kernel."""
     out = _out(x, weight) if out is None else out
     if version is None:
-        op, version = fastest(x)
+        op, version = fastest(x, weight.shape[0] if weight.dim() == 2 else None)
         if op == "gemv":
             return ext().gemv(x, weight, bias, out, version_number(version))
     return ext().linear(x, weight, bias, out, version_number(version))
@@ -190,7 +207,7 @@ CHECK = [_shape(*s) for s in [
 CHECK_LARGE = [_shape(*s) for s in [(1000, 513, 777), (300, 520, 1024, 0), (1100, 3900, 40)]]
 FC_CHECK = [_shape(*s) for s in [(1, 5893, 1280), (1, 37, 1283, 0), (3, 300, 64), (5, 129, 1281), (1, 1, 4)]]
 
-LADDER = [f"v{i}" for i in range(1, 12)]
+LADDER = [f"v{i}" for i in range(1, 13)]
 GEMV_ROWS_TIMED = (1, 2, 4, 8)  # the gemv op's batch sweep at fc_out's size (it is the default up to GEMV_ROWS)
 OPS = [
     Op(FAMILY, "linear", _inputs, linear_ref,
@@ -208,7 +225,8 @@ OPS = [
        size_key="M", compute_ceiling=None,
        doc="GEMV: the decoder's output layer 1280 -> 5893 at batch 1 .. 8, memory-bound (against F.linear)"),
     Op(FAMILY, "fc_out", _inputs, linear_ref,
-       [_version("cpu")] + [_version(v) for v in ("v8", "v9", "v10", "v11")] + _baselines() + _triton_versions(),
+       [_version("cpu")] + [_version(v) for v in ("v8", "v9", "v10", "v11", "v12")] + _baselines()
+       + _triton_versions(),
        FC_CHECK, [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 2, 4, 8, 16, 32, 64, 128)],
        [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 8, 32)], (torch.float32,),
        nbytes=_nbytes, flops=_flops,
