@@ -14,8 +14,8 @@
 //
 // Napkin math (fc_out, H100): the FMAs v12 runs are those of whole 128-row tiles, 47·128·128·1280 = 0.99 G FMA at any
 // M ≤ 128 (rows past M are zeros), 33 us at 128 FMA/clk/SM on 132 SMs at 1.755 GHz; W is 30.2 MB, 9 us at 3.35 TB/s.
-// Warps whose 64 rows are all past M skip their FMAs (at M ≤ 64 half of the block), which frees issue slots for the
-// block beside them. The partial tile is 128 × 132 floats (67.6 KB, rows padded like the stages) beside v8's 33.8 KB
+// Warps whose 64 rows are all past M skip their FMAs (at M ≤ 64 half of the block), and warps whose second 32 rows are
+// past M run half of them (M ≤ 32), which frees issue slots for the block beside them. The partial tile is 128 × 132 floats (67.6 KB, rows padded like the stages) beside v8's 33.8 KB
 // of stages: two blocks per SM.
 #include "linear.cuh"
 #include "simt.cuh"
@@ -29,6 +29,25 @@ namespace cg = cooperative_groups;
 
 constexpr int kSplitBK = 8, kSplitStages = 4, kMaxSplits = 8;  // 8: the portable cluster size
 constexpr size_t kPartialBytes = size_t(kBM) * kP * sizeof(float);
+
+// warp_tile_step for a warp whose second 32-row half is all past M (fc_out at M <= 32): only rows +0..3 of each
+// thread (a thread owns rows wt.row + 0..3 and wt.row + 32 + 0..3), half the FMAs and one LDS.128 of x instead of two
+template <int P, int NQ>
+__device__ __forceinline__ void warp_tile_step_top(float (&acc)[8][4 * NQ], const float (*As)[P], const float (*Bs)[P],
+                                                   int k, const WarpTile<NQ>& wt) {
+  const float4 a0 = *reinterpret_cast<const float4*>(&As[k][wt.row]);
+  const float av[4] = {a0.x, a0.y, a0.z, a0.w};
+  float bv[4 * NQ];
+#pragma unroll
+  for (int q = 0; q < NQ; ++q) {
+    const float4 t = *reinterpret_cast<const float4*>(&Bs[k][wt.col + 16 * q]);
+    bv[4 * q] = t.x; bv[4 * q + 1] = t.y; bv[4 * q + 2] = t.z; bv[4 * q + 3] = t.w;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4 * NQ; ++j) acc[i][j] += av[i] * bv[j];
+}
 
 template <int BK, int STAGES>
 __global__ void __launch_bounds__(WarpTile<2>::THREADS, 2)
@@ -49,7 +68,8 @@ __global__ void __launch_bounds__(WarpTile<2>::THREADS, 2)
   const TileCopy<kBN, BK, THREADS, kP> cw(w, N, K, n0);
   const uint32_t sa = smem_u32(As), sb = smem_u32(Bs);
   const WarpTile<NQ> wt;
-  const bool rows_live = m0 + (wt.row & ~63) < M;  // this warp's 64 rows reach into x (warp-uniform)
+  const bool rows_live = m0 + (wt.row & ~63) < M;        // this warp's 64 rows reach into x (warp-uniform)
+  const bool top_only = m0 + (wt.row & ~63) + 32 >= M;   // ... and its second 32 rows do not
   float acc[8][4 * NQ] = {};
   const int nk = k_end > k_begin ? int(lab::ceil_div(k_end - k_begin, BK)) : 0;
 #pragma unroll
@@ -69,7 +89,10 @@ __global__ void __launch_bounds__(WarpTile<2>::THREADS, 2)
       cw.issue(sb + load_slot * kStage, k_begin + (t + STAGES - 1) * BK, k_end);
     }
     cp_async_commit();
-    if (rows_live) {
+    if (rows_live && top_only) {
+#pragma unroll
+      for (int k = 0; k < BK; ++k) warp_tile_step_top<kP, NQ>(acc, As[cur], Bs[cur], k, wt);
+    } else if (rows_live) {
 #pragma unroll
       for (int k = 0; k < BK; ++k) warp_tile_step<kP, NQ>(acc, As[cur], Bs[cur], k, wt);
     }
