@@ -9,8 +9,8 @@
 //   tiles K-major-transposed in shared memory (SIMT) or reads them K-major (tensor cores, which want exactly this).
 //
 // Versions of the GEMM (each adds one idea to the one before; all are kept and all take any size). Precision is a
-// dimension of a version, not a rung: v1..v9 take float32 tensors; v10 and v11 take float32 (multiplying in TF32) or
-// bfloat16 tensors, one kernel template built once per dtype.
+// dimension of a version, not a rung: v1..v9 and v12 take float32 tensors; v10 and v11 take float32 (multiplying in
+// TF32) or bfloat16 tensors, one kernel template built once per dtype.
 //   v1: naive — one thread per y element, K-loop from global memory; a warp's W load touches 32 rows (32 sectors).
 //   v2: coalesced — one warp per y element: lanes stride K together, so each load is one 128-B line of x and of W;
 //       a shuffle reduction at the end. Still 2 loads per FMA, all from L2.
@@ -38,6 +38,10 @@
 //        tile. On float32 the tensor core reads the fp32 bits and drops the low 13 mantissa bits (truncation; v10
 //        rounds): ~2.6x the rounding error of TF32, still 5x inside the TF32 tolerance. Needs K·sizeof(T) % 16 == 0
 //        (TMA's stride rule), else it runs v10's kernel of the same dtype.
+//   v12: v8 for outputs too small to fill the GPU (the decoder's fc_out at batch <= 128: 47 tiles for 132 SMs): K
+//        split into S slices over a thread-block cluster (sm_90), partial tiles summed through distributed shared
+//        memory in one launch; S = 1 where the tiles fill the GPU. float32. The default (lab/kernels/linear.py,
+//        fastest) runs it where v8's tiles are fewer than the SMs, above the gemv op's rows.
 // The gemv op (M rows, a few):
 //   gemv v1: one warp per W row, all of a lane's 16-byte loads of the row in flight at once, x in shared memory,
 //        one wave of blocks; memory-bound: the goal is copy bandwidth on the weight. float32.
@@ -66,6 +70,7 @@
 //   v1.cu .. v7.cu   one version each                 v8_v9.cu     async_copy_warptile, built per version (variants)
 //   v10.cu           v10_mma_sync, built per dtype     v11.cu       v11_wgmma, built per dtype
 //   gemv_v1.cu       the GEMV (op gemv)                fill.cu      K == 0: y = b
+//   v12.cu           splitk_warptile (cluster split-K)
 // The binding (cpp_src/linear/linear.cpp) picks the launcher: nothing when M or N is 0, fill when K == 0, and
 // v10's for v11 when TMA cannot take the operands.
 // Launchers (exported to cpp_src/linear/linear.cpp, looked up by name there):

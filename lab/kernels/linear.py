@@ -238,7 +238,8 @@ OPS = [
            "gives way to them"),
 ]
 
-register(Family(FAMILY, "Linear: SGEMM ladder v1..v9, tensor cores v10..v11 (TF32/bf16: mma.sync, wgmma); GEMV op",
+register(Family(FAMILY, "Linear: SGEMM ladder v1..v9, tensor cores v10..v11 (TF32/bf16: mma.sync, wgmma), split-K "
+                "over a cluster v12; GEMV op",
                 OPS, notebook="notebooks/02_matmul_to_linear.ipynb"))
 
 
