@@ -147,23 +147,25 @@ DTYPES = {"v10": F32_BF16, "v11": F32_BF16}
 CPU_IDEA = "C++: 2x4 micro-tiles, lane-wise partial sums, 64x64 tiles in parallel"
 
 
-def _version(name: str) -> Version:
+def _version(name: str, graph: bool = False) -> Version:
     fn = lambda *a, out=None: linear(*a, out=out, version=name)  # noqa: E731
     if name == "cpu":
         return Version("cpu", fn, "cpu", CPU_IDEA, dtypes=F32)
-    return Version(name, fn, "cuda", IDEAS[name], precision=PRECISION.get(name), dtypes=DTYPES.get(name, F32))
+    return Version(name, fn, "cuda", IDEAS[name], precision=PRECISION.get(name), dtypes=DTYPES.get(name, F32),
+                   graph=graph)
 
 
 def _gemv_version(name: str) -> Version:
     fn = lambda *a, out=None: gemv(*a, out=out, version=name)  # noqa: E731
     if name == "cpu":
         return Version("cpu", fn, "cpu", CPU_IDEA + " (the linear op's C++ code)", dtypes=F32)
-    return Version(name, fn, "cuda", GEMV_IDEAS[name], dtypes=F32)
+    return Version(name, fn, "cuda", GEMV_IDEAS[name], dtypes=F32, graph=True)
 
 
-def _baselines() -> list[Version]:
+def _baselines(graph: bool = False) -> list[Version]:
+    """graph: also time torch replayed from a CUDA graph (the decoder-size ops, where a launch is a fair part)."""
     return [Version("torch", linear_torch, "any", "F.linear: cuBLAS (TF32 off) / CPU BLAS", baseline=True,
-                    takes_out=False, check=False),
+                    takes_out=False, check=False, graph=graph),
             Version("torch.tf32", linear_torch_tf32, "cuda", "F.linear with TF32 on (cuBLAS TF32)", baseline=True,
                     takes_out=False, check=False, precision="tf32", dtypes=F32)]
 
@@ -219,7 +221,7 @@ OPS = [
        nbytes=_nbytes, flops=_flops,
        formula="TFLOP/s = 2·M·N·K / time; bytes = (MK + NK + MN + N)·sizeof(dtype); y = x·Wᵀ + b, M = N = K",
        size_key="M", compute_ceiling="gemm", doc="the SGEMM ladder on square problems, bias fused"),
-    Op(FAMILY, "gemv", _inputs, linear_ref, [_gemv_version("cpu"), _gemv_version("v1"), _baselines()[0]],
+    Op(FAMILY, "gemv", _inputs, linear_ref, [_gemv_version("cpu"), _gemv_version("v1"), _baselines(graph=True)[0]],
        FC_CHECK, [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in GEMV_ROWS_TIMED],
        [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 4)], (torch.float32,),
        nbytes=_nbytes, flops=_flops,
@@ -227,8 +229,10 @@ OPS = [
        size_key="M", compute_ceiling=None,
        doc="GEMV: the decoder's output layer 1280 -> 5893 at batch 1 .. 8, memory-bound (against F.linear)"),
     Op(FAMILY, "fc_out", _inputs, linear_ref,
-       [_version("cpu")] + [_version(v) for v in ("v8", "v9", "v10", "v11", "v12")] + _baselines()
-       + _triton_versions(),
+       # v12 (the split-K rung for these shapes) and torch also replayed from a graph: ~40 us calls, where a launch
+       # counts
+       [_version("cpu")] + [_version(v, graph=v == "v12") for v in ("v8", "v9", "v10", "v11", "v12")]
+       + _baselines(graph=True) + _triton_versions(),
        FC_CHECK, [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 2, 4, 8, 16, 32, 64, 128)],
        [_shape(m, FC_OUT["N"], FC_OUT["K"]) for m in (1, 8, 32)], (torch.float32,),
        nbytes=_nbytes, flops=_flops,
