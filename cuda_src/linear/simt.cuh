@@ -79,12 +79,16 @@ struct WarpTile {
 };
 
 // acc[i][4q + e] += x-row i · W-column (quad q, element e); rows i = 4·ha + r (ha: +0 / +32), columns 16 apart.
-template <int P, int NQ>
+// HALVES = 1: rows +0..3 only (v12, where a warp's rows +32.. are all past M: half the FMAs, one LDS.128 of x).
+template <int P, int NQ, int HALVES = 2>
 __device__ __forceinline__ void warp_tile_step(float (&acc)[8][4 * NQ], const float (*As)[P], const float (*Bs)[P],
                                                int k, const WarpTile<NQ>& wt) {
-  const float4 a0 = *reinterpret_cast<const float4*>(&As[k][wt.row]);
-  const float4 a1 = *reinterpret_cast<const float4*>(&As[k][wt.row + 32]);
-  const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  float av[8];
+#pragma unroll
+  for (int ha = 0; ha < HALVES; ++ha) {
+    const float4 a = *reinterpret_cast<const float4*>(&As[k][wt.row + 32 * ha]);
+    av[4 * ha] = a.x; av[4 * ha + 1] = a.y; av[4 * ha + 2] = a.z; av[4 * ha + 3] = a.w;
+  }
   float bv[4 * NQ];
 #pragma unroll
   for (int q = 0; q < NQ; ++q) {
@@ -92,7 +96,7 @@ __device__ __forceinline__ void warp_tile_step(float (&acc)[8][4 * NQ], const fl
     bv[4 * q] = t.x; bv[4 * q + 1] = t.y; bv[4 * q + 2] = t.z; bv[4 * q + 3] = t.w;
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < 4 * HALVES; ++i)
 #pragma unroll
     for (int j = 0; j < 4 * NQ; ++j) acc[i][j] += av[i] * bv[j];
 }

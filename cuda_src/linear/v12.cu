@@ -30,25 +30,6 @@ namespace cg = cooperative_groups;
 constexpr int kSplitBK = 8, kSplitStages = 4, kMaxSplits = 8;  // 8: the portable cluster size
 constexpr size_t kPartialBytes = size_t(kBM) * kP * sizeof(float);
 
-// warp_tile_step for a warp whose second 32-row half is all past M (fc_out at M <= 32): only rows +0..3 of each
-// thread (a thread owns rows wt.row + 0..3 and wt.row + 32 + 0..3), half the FMAs and one LDS.128 of x instead of two
-template <int P, int NQ>
-__device__ __forceinline__ void warp_tile_step_top(float (&acc)[8][4 * NQ], const float (*As)[P], const float (*Bs)[P],
-                                                   int k, const WarpTile<NQ>& wt) {
-  const float4 a0 = *reinterpret_cast<const float4*>(&As[k][wt.row]);
-  const float av[4] = {a0.x, a0.y, a0.z, a0.w};
-  float bv[4 * NQ];
-#pragma unroll
-  for (int q = 0; q < NQ; ++q) {
-    const float4 t = *reinterpret_cast<const float4*>(&Bs[k][wt.col + 16 * q]);
-    bv[4 * q] = t.x; bv[4 * q + 1] = t.y; bv[4 * q + 2] = t.z; bv[4 * q + 3] = t.w;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4 * NQ; ++j) acc[i][j] += av[i] * bv[j];
-}
-
 template <int BK, int STAGES>
 __global__ void __launch_bounds__(WarpTile<2>::THREADS, 2)
     splitk_warptile(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
@@ -91,7 +72,7 @@ __global__ void __launch_bounds__(WarpTile<2>::THREADS, 2)
     cp_async_commit();
     if (rows_live && top_only) {
 #pragma unroll
-      for (int k = 0; k < BK; ++k) warp_tile_step_top<kP, NQ>(acc, As[cur], Bs[cur], k, wt);
+      for (int k = 0; k < BK; ++k) warp_tile_step<kP, NQ, 1>(acc, As[cur], Bs[cur], k, wt);
     } else if (rows_live) {
 #pragma unroll
       for (int k = 0; k < BK; ++k) warp_tile_step<kP, NQ>(acc, As[cur], Bs[cur], k, wt);
