@@ -25,7 +25,7 @@ def test_every_version_matches_nn_gru(device, dtype):
     # CPU (CI, 2 cores): two seeds; the float64 nn.GRU reference dominates the time
     rs = verify.check_op(OP, device, dtypes=[dtype], seeds=(0, 1) if device == "cpu" else (0, 1, 2))
     assert rs, "no version ran"
-    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3", "v4"})
+    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3", "v4", "v5"})
     bad = [r.details() for r in rs if not r.passed]
     assert not bad, "\n".join(bad)
 
@@ -44,7 +44,7 @@ def test_float64_matches_nn_gru_to_rounding(device, shape):
 def test_no_h0_is_zeros(device):
     x, _, params = _inputs(4, 3, 5, 7, L=2, device=device)
     zeros = torch.zeros(2, 3, 7, device=device)
-    for v in (["cpu"] if device == "cpu" else ["v1", "v2", "v3", "v4"]):
+    for v in (["cpu"] if device == "cpu" else ["v1", "v2", "v3", "v4", "v5"]):
         a, b = kgru.gru(x, None, params, version=v), kgru.gru(x, zeros, params, version=v)
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         assert torch.equal(a[1][-1], a[0][-1]), "h_n of the last layer must be the last output step"
@@ -73,7 +73,7 @@ def test_v3_plan_splits_hidden_512_over_the_chip():
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", ["v3", "v4"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
 @pytest.mark.parametrize("dtype", kgru.V3_DTYPES, ids=str)
 def test_persistent_kernels_are_deterministic(dtype, version):
     # a missing barrier shows up as run-to-run differences on the same inputs
@@ -85,7 +85,7 @@ def test_persistent_kernels_are_deterministic(dtype, version):
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4", "v5"])
 def test_cuda_graph_replay_matches_eager(version):
     x, h0, params = _inputs(6, 16, 32, 64, L=2, device="cuda", seed=2)
     out = (torch.empty(6, 16, 64, device="cuda"), torch.empty(2, 16, 64, device="cuda"))
@@ -98,6 +98,59 @@ def test_cuda_graph_replay_matches_eager(version):
     torch.cuda.synchronize()
     want = kgru.gru(x2, h02, params, version=version)
     torch.testing.assert_close(out, want)
+
+
+# v5 on the shapes issue 14 names (hidden 1, 33, 200, 1000, 1024; batch 1, 3, 130, 256; layers 1-3; seq 1; with and
+# without h0), in each dtype (float32 = TF32 multiplies) and under every warp grid that fits, against float64 nn.GRU.
+V5_SHAPES = [(1, 1, 1, 1, 1, True), (4, 3, 33, 33, 3, False), (2, 130, 40, 200, 2, True), (2, 256, 24, 1000, 1, True),
+             (3, 3, 17, 1024, 1, False), (5, 256, 64, 512, 1, False), (1, 130, 9, 96, 1, True)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", kgru.V3_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", V5_SHAPES, ids=lambda s: "T{}B{}I{}H{}L{}{}".format(*s[:5], "h0" if s[5] else ""))
+def test_v5_every_config_matches_float64_nn_gru(dtype, shape):
+    T, B, I, H, L, has_h0 = shape
+    x, h0, params = _inputs(T, B, I, H, L=L, h0=has_h0, dtype=dtype, device="cuda", seed=T * B + H)
+    ref = kgru.gru_ref(*verify.upcast((x, h0, params)))
+    precision = "tf32" if dtype == torch.float32 else None
+    ran = []
+    for cfg in range(8):
+        if kgru.v5_plan(B, H, dtype, cfg)["status"] != 0:
+            continue
+        out = (torch.full((T, B, H), float("nan"), dtype=dtype, device="cuda"),
+               torch.full((L, B, H), float("nan"), dtype=dtype, device="cuda"))
+        got = kgru.gru(x, h0, params, out=out, version="v5", config=cfg)
+        verify.assert_close(got, ref, dtype, precision=precision, what=f"v5 config {cfg}")
+        ran.append(cfg)
+    assert ran, "no configuration of v5 fits"
+    assert kgru.v5_plan(B, H, dtype)["config"] in ran
+
+
+@needs_gpu
+def test_v5_plan_and_its_errors():
+    for B in (1, 8, 64, 128, 256):
+        for dt in kgru.V3_DTYPES:
+            p = kgru.v5_plan(B, 512, dt)
+            assert p["status"] == 0, p
+            assert p["units_per_block"] * p["hidden_slices"] >= 512
+            assert p["batch_slices"] * p["rows_per_block"] >= B
+            assert p["blocks"] <= p["max_coresident"]
+    x, _, params = _inputs(2, 2, 3, 2048, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"gru v5 cannot run batch 2, hidden 2048, BFloat16 on this GPU: .*use v2"):
+        kgru.gru(x, None, params, version="v5")
+
+
+@needs_gpu
+def test_v5_tf32_is_closer_to_float64_than_bf16_and_within_tf32():
+    # the TF32 path rounds h and W with cvt.rna: no truncation bias, so it sits inside the TF32 tolerance on the
+    # encoder's shape, and well inside bf16's
+    x, h0, params = _inputs(30, 64, 256, 512, device="cuda", seed=5)
+    ref = kgru.gru_ref(*verify.upcast((x, h0, params)))
+    got = kgru.gru(x, h0, params, version="v5")
+    err = (got[0].double() - ref[0]).norm() / ref[0].norm()
+    assert err < verify.tolerance(torch.float32, "tf32"), err
+    assert err > 1e-6, "v5 on float32 must multiply in TF32 (an error this small means fp32 FMAs)"
 
 
 @needs_gpu
@@ -217,6 +270,8 @@ def test_cpu_tensors_refuse_cuda_versions_and_bad_tokens():
     x, h0, params = _inputs(2, 2, 3, 4)
     with pytest.raises(ValueError, match=r"version 3 is a CUDA kernel but x is on the CPU"):
         kgru.gru(x, h0, params, version="v3")
+    with pytest.raises(ValueError, match=r"config must be -1 \(automatic\) or 0\.\.7 \(v5's warp grids\), got 9"):
+        kgru.gru(x, h0, params, version="cpu", config=9)
     emb, gtab, gctx = torch.zeros(5, 2), torch.zeros(5, 3), torch.zeros(1, 3)
     with pytest.raises(ValueError, match=r"tokens\[0\] = 9 is outside the vocabulary \[0, 5\)"):
         kgru.ext().decoder_prep(None, torch.tensor([9]), None, emb, gtab, gctx, torch.zeros(1, 2), torch.zeros(1, 3))
@@ -228,7 +283,7 @@ def test_cuda_bad_input():
     with pytest.raises(ValueError, match=r"params\[1\] \(w_hh of layer 0\) must be on the same device as x "
                                          r"\(cuda:0\), got cpu"):
         kgru.gru(x, h0, [params[0], params[1].cpu(), params[2], params[3]], version="v2")
-    for v in ("v3", "v4"):
+    for v in ("v3", "v4", "v5"):
         with pytest.raises(TypeError, match=rf"gru {v} supports Float, Half and BFloat16, got Double"):
             kgru.gru(x.double(), h0.double(), [p.double() for p in params], version=v)
     xb, _, pb = _inputs(2, 2, 3, 2048, device="cuda")
@@ -244,6 +299,8 @@ def test_each_version_is_held_to_the_ceiling_of_the_units_it_runs_on():
     op = next(o for o in kgru.OPS if o.name == "gru")
     peak = {v.name: peak_for(ceil, torch.bfloat16, v.precision_at(torch.bfloat16), v.ceiling or op.compute_ceiling)
             for v in op.versions}
-    assert peak["v2"] == peak["v1"] == peak["torch"] == 700.0 and peak["v3"] == peak["v4"] == 65.0
+    assert peak["v2"] == peak["v1"] == peak["torch"] == peak["v5"] == 700.0 and peak["v3"] == peak["v4"] == 65.0
+    v5 = next(v for v in op.versions if v.name == "v5")
+    assert peak_for(ceil, torch.float32, v5.precision_at(torch.float32), v5.ceiling) == 370.0
     tf32 = next(v for v in op.versions if v.name == "torch.tf32")
     assert peak_for(ceil, torch.float32, tf32.precision_at(torch.float32), tf32.ceiling) == 370.0

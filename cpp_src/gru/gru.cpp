@@ -2,20 +2,23 @@
 // the units export (cuda_src/gru/*.cu for CUDA tensors, cpp_src/gru/cpu.cpp for CPU tensors), looked up by name
 // (lab::launcher, lab_common.h). No kernel code here: editing a kernel never recompiles this file.
 //
-//   gru_forward(x, h0, params, out, h_n, version)  nn.GRU's forward: (seq_len, batch, input) -> out, h_n.
-//       version 0: C++ on the CPU (cpp_src/gru/cpu.cpp); 1..4: cuda_src/gru/'s v1..v4 (see gru.cuh's header).
+//   gru_forward(x, h0, params, out, h_n, version, config)  nn.GRU's forward: (seq_len, batch, input) -> out, h_n.
+//       version 0: C++ on the CPU (cpp_src/gru/cpu.cpp); 1..5: cuda_src/gru/'s v1..v5 (see gru.cuh's header).
+//       config: v5's warp grid (-1: the plan's choice; 0..7 force one); ignored by the other versions.
 //   gru_gates(gi, gh, b_ih, b_hh, h_prev, h_out)   one GRU cell's pointwise half (gates + update), rows may be
 //       strided: the seq2seq decoder writes h straight into its [emb | h] buffer.
 //   decoder_prep(logits | tokens, tokens_out, emb, gi_table, gi_ctx, xh, gi)   the decoder step's token pick
 //       (argmax) and gathers.
 //   v3_plan(batch, hidden, dtype_code, version)      how v3/v4 split the work on this GPU (for the notebook).
+//   v5_plan(batch, hidden, dtype_code, config)       how v5 splits it: its configuration, slices, shared memory.
 //
 // Every function writes into tensors the caller allocated (the lab poisons them with NaN before a check). CUDA
 // versions run on the current stream; GEMMs go to cuBLAS through ATen: for fp16/bf16 with an fp32 output
 // (at::mm's out_dtype), so gate pre-activations are never rounded to 16 bits.
 //
 // Launchers: "gru_gates" (cuda_src/gru/gates.cu), "gru_decoder_prep" (decoder.cu), and per variant of v3.cu
-// "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" (dtype f32/f16/bf16; rb 2 = v3, rb 4 = v4); the CPU unit's
+// "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" (dtype f32/f16/bf16; rb 2 = v3, rb 4 = v4), per variant of
+// v5.cu "gru_v5_plan@<dtype>" / "gru_v5@<dtype>" (f32 multiplies in TF32); the CPU unit's
 // "gru_layer_cpu_<dtype>", "gru_gates_cpu_<dtype>", "decoder_tokens_cpu_<dtype>", "decoder_gather_cpu_<dtype>"
 // (f32, f64: float16/bfloat16 tensors are widened to float here, and the float result rounded back).
 #include "lab_common.h"
@@ -38,6 +41,9 @@ using GatesCuda = cudaError_t (*)(int dtype, const void* gi, int64_t ldgi, const
 using V3PlanCuda = int (*)(int B, int H, int* info);
 using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
                                void* out, int T, int B, int H, cudaStream_t stream);
+using V5PlanCuda = int (*)(int B, int H, int config, int* info);
+using V5Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
+                               void* out, int T, int B, int H, int config, cudaStream_t stream);
 using DecoderPrepCuda = cudaError_t (*)(int dtype, const void* logits, int64_t ldl, int V, const int64_t* tok_in,
                                         int64_t* tok_out, const void* emb, int E, const void* gtab, const void* gctx,
                                         int G3, int vocab, void* xh, int64_t ldxh, void* gi, int B,
@@ -56,7 +62,7 @@ using GatherCpu = void (*)(const int64_t* tok, const T* emb, int64_t E, const T*
                            T* xh, int64_t ldxh, T* gi, int64_t B);
 
 
-constexpr int kMaxVersion = 4;
+constexpr int kMaxVersion = 5;
 
 int dtype_code(at::ScalarType t) {
   switch (t) {
@@ -146,6 +152,25 @@ int v3_plan_call(int64_t version, int dtype, int B, int H, int* info) {
   return plan(B, H, info);
 }
 
+int v5_plan_call(int dtype, int B, int H, int config, int* info) {
+  static const char* dt[3] = {"f32", "f16", "bf16"};
+  return lab::launcher<V5PlanCuda>(lab::cat("gru_v5_plan@", dt[dtype]))(B, H, config, info);
+}
+
+std::string v5_plan_error(int status, const int* info, int64_t B, int64_t H, at::ScalarType dt, int64_t config) {
+  std::string o = lab::cat("gru v5 cannot run batch ", B, ", hidden ", H, ", ", dt,
+                           config >= 0 ? lab::cat(" with config ", config) : std::string(), " on this GPU: ");
+  switch (status) {
+    case 2: o += "no warp grid's W_hh slice, h chunk and gate buffers fit in one block's shared memory"; break;
+    case 3: o += lab::cat("its one-barrier-per-step design needs all ", info[9], " blocks co-resident (one per SM), ",
+                          "the GPU holds ", info[10], " at once"); break;
+    case 4: o += "the device does not support cooperative launches"; break;
+    case 6: o += "config must be -1 (automatic) or 0..7"; break;
+    default: o += lab::cat("a CUDA error while planning the launch (", cudaGetErrorString(cudaGetLastError()), ")"); break;
+  }
+  return o + (H > 1024 ? "; use v2" : "; use v3 or v2");
+}
+
 // x (M, K) @ w (N, K)^T -> (M, N) in the accumulate type (cuBLAS accumulates fp16/bf16 in fp32 and writes fp32).
 at::Tensor proj(const at::Tensor& x, const at::Tensor& w) {
   if (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) return at::mm(x, w.t(), at::kFloat);
@@ -165,7 +190,7 @@ std::string v3_plan_error(int64_t version, int status, const int* info, int64_t 
   return o + "; use v2";
 }
 
-void layer_cuda(int64_t version, const at::Tensor& in, const at::Tensor& w_ih, const at::Tensor& w_hh,
+void layer_cuda(int64_t version, int64_t config, const at::Tensor& in, const at::Tensor& w_ih, const at::Tensor& w_hh,
                 const at::Tensor& b_ih, const at::Tensor& b_hh, const at::Tensor& h0l, at::Tensor& o) {
   const int64_t Tn = in.size(0), B = in.size(1), I = in.size(2), H = w_hh.size(1), G = 3 * H;
   const int dt = dtype_code(in.scalar_type());
@@ -195,6 +220,15 @@ void layer_cuda(int64_t version, const at::Tensor& in, const at::Tensor& w_ih, c
                                hp.defined() ? hp.data_ptr() : nullptr, H, o.select(0, t).data_ptr(), H, b, h, st),
                      "gru v2 gate kernel");
     }
+    return;
+  }
+  if (version == 5) {  // cuda_src/gru/v5.cu, the variant of this dtype
+    static const char* dts[3] = {"f32", "f16", "bf16"};
+    const V5Cuda gru_v5 = lab::launcher<V5Cuda>(lab::cat("gru_v5@", dts[dt]));
+    LAB_CUDA_CHECK(gru_v5(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
+                          h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), lab::check_int32(Tn, "seq_len"), b,
+                          h, int(config), st),
+                   "gru v5 persistent tensor-core kernel (cooperative launch)");
     return;
   }
   // cuda_src/gru/v3.cu, the variant of this version (rb 2 / 4) and dtype
@@ -233,10 +267,12 @@ void layer_cpu(const at::Tensor& in, const at::Tensor& w_ih, const at::Tensor& w
 // ---- gru_forward ------------------------------------------------------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::optional<at::Tensor>& h0,
                                                const std::vector<at::Tensor>& params, at::Tensor out, at::Tensor h_n,
-                                               int64_t version) {
+                                               int64_t version, int64_t config) {
   const std::pair<int64_t, int64_t> dims = check_forward(x, h0, params, out, h_n);
   const int64_t L = dims.first, H = dims.second;
   lab::check_version(x, "x", version, 1, kMaxVersion, "gru");
+  LAB_CHECK_VALUE(config >= -1 && config < 8, "config must be -1 (automatic) or 0..7 (v5's warp grids), got ",
+                  config);
   const bool has_h0 = h0 && h0->defined();
   const int64_t Tn = x.size(0), B = x.size(1);
   if (version >= 3)
@@ -251,13 +287,18 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
     if (x.is_cuda()) {
 #ifdef LAB_WITH_CUDA
       c10::cuda::CUDAGuard guard(x.device());
-      if (version >= 3) {
+      if (version == 5) {
+        int info[12];
+        const int status = v5_plan_call(dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
+                                        lab::check_int32(H, "hidden"), int(config), info);
+        LAB_CHECK_VALUE(status == 0, v5_plan_error(status, info, B, H, x.scalar_type(), config));
+      } else if (version >= 3) {
         int info[10];
         const int status = v3_plan_call(version, dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
                                         lab::check_int32(H, "hidden"), info);
         LAB_CHECK_VALUE(status == 0, v3_plan_error(version, status, info, B, H, x.scalar_type()));
       }
-      layer_cuda(version, in, w_ih, w_hh, b_ih, b_hh, h0l, o);
+      layer_cuda(version, config, in, w_ih, w_hh, b_ih, b_hh, h0l, o);
       h_n.select(0, l).copy_(o.select(0, Tn - 1));
 #else
       LAB_NO_CUDA_BUILD("gru_forward");
@@ -468,10 +509,32 @@ py::dict v3_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t ver
   return d;
 }
 
+// v5's plan (cuda_src/gru/v5.cu's gru_v5_plan fills info[] in the order of kInfoNames). config -1: the plan's choice.
+py::dict v5_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t config) {
+  LAB_CHECK_VALUE(dtype_code_ >= 0 && dtype_code_ <= 2, "dtype_code must be 0 (float32), 1 (float16) or 2 "
+                    "(bfloat16), got ", dtype_code_);
+  LAB_CHECK_VALUE(config >= -1 && config < 8, "config must be -1 (automatic) or 0..7, got ", config);
+  LAB_CHECK_VALUE(batch >= 1 && hidden >= 1, "batch and hidden must be >= 1, got ", batch, ", ", hidden);
+  py::dict d;
+#ifdef LAB_WITH_CUDA
+  static const char* kInfoNames[12] = {"config", "units_per_block", "rows_per_chunk", "k_split", "hidden_slices",
+                                       "batch_slices", "rows_per_block", "k_padded", "smem_bytes", "blocks",
+                                       "max_coresident", "cost_ns"};
+  int info[12];
+  const int status = v5_plan_call(int(dtype_code_), lab::check_int32(batch, "batch"),
+                                  lab::check_int32(hidden, "hidden"), int(config), info);
+  d["status"] = status;  // 0 fits; 2 shared memory; 3 not co-resident; 4 no cooperative launch; 5 CUDA error
+  for (int i = 0; i < 12; ++i) d[kInfoNames[i]] = info[i];
+#else
+  LAB_NO_CUDA_BUILD("v5_plan");
+#endif
+  return d;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "GRU family: nn.GRU forward (version 0 = C++ CPU, 1..4 = CUDA), the decoder step's pieces";
+  m.doc() = "GRU family: nn.GRU forward (version 0 = C++ CPU, 1..5 = CUDA), the decoder step's pieces";
   m.def("gru_forward", lab::bind(gru_forward),
-        "gru_forward(x, h0|None, params, out, h_n, version) -> (out, h_n)");
+        "gru_forward(x, h0|None, params, out, h_n, version, config) -> (out, h_n)");
   m.def("gru_gates", lab::bind(gru_gates_op),
         "gru_gates(gi, gh|None, b_ih|None, b_hh, h_prev|None, h_out) -> h_out");
   m.def("decoder_prep", lab::bind(decoder_prep),
@@ -479,5 +542,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("v3_plan", lab::bind(v3_plan),
         "v3_plan(batch, hidden, dtype_code, version) -> {status, kpt, lanes_per_unit, units_per_block, hidden_slices, "
         "batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, max_coresident}");
+  m.def("v5_plan", lab::bind(v5_plan),
+        "v5_plan(batch, hidden, dtype_code, config) -> {status, config, units_per_block, rows_per_chunk, k_split, "
+        "hidden_slices, batch_slices, rows_per_block, k_padded, smem_bytes, blocks, max_coresident, cost_ns}");
   LAB_BIND_UNITS(m);
 }

@@ -2,7 +2,7 @@
 plus the pieces of the seq2seq decoder step that runs without torch.cat (lab/models/seq2seq.py).
 
 Sources: cuda_src/gru/ (gru.cuh: the header with the napkin math; gates.cu, v3.cu (v3 and v4, built per dtype and
-rows-per-pass variant), decoder.cu: kernels and launchers), cpp_src/gru/gru.cpp (the binding, named checks),
+rows-per-pass variant), v5.cu (v5, built per dtype), decoder.cu: kernels and launchers), cpp_src/gru/gru.cpp (the binding, named checks),
 cpp_src/gru/cpu.cpp (the C++ CPU code).
 
     out, h_n = gru(x, h0, params, version="v3")
@@ -12,7 +12,9 @@ cpp_src/gru/cpu.cpp (the C++ CPU code).
 Versions: 'cpu' (C++, at::parallel_for), 'v1' (per-step GEMMs + fused gates), 'v2' (input projection of all steps
 as one GEMM up front), 'v3' (persistent: W_hh in registers across all steps, one grid barrier per step), 'v4' (v3
 with four batch rows per pass and a reduce-scatter across the lanes: fewer shuffles and more independent FMAs a
-step). dtypes: float32, float16, bfloat16 everywhere (fp32 accumulation, fp32 gates); float64 on 'cpu', 'v1', 'v2'.
+step), 'v5' (v3's loop with h W_hh^T on tensor cores: mma.sync in fp16/bf16, and in TF32 on float32 tensors: that
+is the `tf32` precision, compared with cuDNN with TF32). dtypes: float32, float16, bfloat16 everywhere (fp32
+accumulation, fp32 gates); float64 on 'cpu', 'v1', 'v2'.
 Baselines: nn.GRU itself (cuDNN on the GPU) at strict fp32 (torch.backends.cudnn.allow_tf32 = False, the same
 precision as the kernels), and, for reference, cuDNN with TF32 (PyTorch's default for fp32 RNNs).
 """
@@ -45,11 +47,12 @@ def _default(x: torch.Tensor) -> str:
 
 # ---- the wrapper ------------------------------------------------------------------------------------------------
 def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = None,
-        version: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        version: str | None = None, config: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """nn.GRU's forward: returns (out (seq_len, batch, hidden), h_n (num_layers, batch, hidden)).
 
     params: 4 tensors per layer (w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,)), like nn.GRU._flat_weights.
-    out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' .. 'v4' (default: v3 on the GPU).
+    out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' .. 'v5' (default: see _default).
+    config: v5's warp grid, 0..7 (-1: the plan's choice; v5_plan says which); the other versions ignore it.
     """
     params = list(params)
     if out is None:
@@ -60,13 +63,20 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
         out = (torch.empty(T, B, H, dtype=x.dtype, device=x.device), torch.empty(L, B, H, dtype=x.dtype,
                                                                                 device=x.device))
     o, hn = out
-    return tuple(ext().gru_forward(x, h0, params, o, hn, version_number(version or _default(x))))
+    return tuple(ext().gru_forward(x, h0, params, o, hn, version_number(version or _default(x)), config))
 
 
 def v3_plan(batch: int, hidden: int, dtype: torch.dtype = torch.float32, version: str = "v3") -> dict:
     """How v3 (or v4: the same split) divides the work on this GPU: units per block, batch slices, shared memory,
     blocks, and whether all blocks fit on the chip at once (status 0). The binding names the fields."""
     return dict(ext().v3_plan(batch, hidden, DTYPE_CODE[dtype], version_number(version)))
+
+
+def v5_plan(batch: int, hidden: int, dtype: torch.dtype = torch.bfloat16, config: int = -1) -> dict:
+    """How v5 divides the work on this GPU: its warp grid (config: units_per_block = 8 x warps along units,
+    rows_per_chunk = 16 x warps along the batch, k_split = warps along K), the slices, shared memory, blocks, the
+    plan's step-time estimate (cost_ns, used only to rank the configurations) and status (0 = fits)."""
+    return dict(ext().v5_plan(batch, hidden, DTYPE_CODE[dtype], config))
 
 
 # ---- precision --------------------------------------------------------------------------------------------------
@@ -194,6 +204,9 @@ OPS = [
                 dtypes=V3_DTYPES, graph=True),
         Version("v4", _kernel("v4"), "cuda", "v3 + 4 batch rows per pass, reduce-scatter over the lanes",
                 dtypes=V3_DTYPES, graph=True),
+        Version("v5", _kernel("v5"), "cuda", "v3's persistent loop, h W_hh^T on tensor cores (mma.sync; W_hh slice "
+                                             "in shared memory): fp16/bf16, TF32 on float32",
+                dtypes=V3_DTYPES, graph=True, precision="tf32", ceiling="gemm"),
         Version("torch", gru_torch, "any", "nn.GRU (cuDNN on the GPU), fp32 without TF32", baseline=True,
                 takes_out=False, check=False, graph=True, ceiling="gemm"),
         Version("torch.tf32", gru_torch_tf32, "cuda", "nn.GRU on cuDNN with TF32 (PyTorch's fp32 default)",

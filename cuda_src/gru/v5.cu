@@ -1,0 +1,369 @@
+// gru/v5.cu — v5: v3's persistent kernel with the recurrent product on tensor cores (mma.sync), its plan and its
+// launcher (the ladder and v3's structure: gru.cuh).
+// lab:variants dtype=f32,f16,bf16
+//
+// What changes from v3. v3 keeps W_hh in registers as fp32 and computes h_{t-1} W_hh^T with FP32 FMAs, whatever the
+// storage type; at batch 128 a step is then ~200 MFLOP on the FMA pipe (gru.cuh's napkin math), and cuDNN's bf16
+// path, on tensor cores, wins from batch 64 up. v5 does the product with mma.sync: m16n8k16 on fp16/bf16 tensors
+// (the storage type is the operand type: h is already rounded to it when stored), m16n8k8 TF32 on float32 tensors
+// (h and W rounded with cvt.rna; this is the `tf32` precision, compared with cuDNN with TF32 on). Accumulation, the
+// gates, and the block's own h (the z * h_{t-1} term) stay fp32, as in v3.
+//
+// Work split. A block owns Hb = 8*WN hidden units (all three gate rows of each: the gates of a unit meet in one
+// block, as in v3) and Bb batch rows; its W_hh slice (3*Hb rows x H) sits in shared memory for the whole sequence
+// (v3 kept it in registers: an mma operand is read through ldmatrix from shared memory instead). The 8 warps form a
+// WM x WN x WK grid: a warp computes 16 batch rows x 8 units x the 3 gates (three n8 tiles, so a lane's accumulators
+// for r, z and n are the same (row, unit) pairs) over every WK-th 64-byte block of K. Batch rows go through shared
+// memory in chunks of BC = 16*WM rows. Per chunk: copy h rows (L2, cp.async.cg) -> mma into fp32 partial sums ->
+// shared memory -> one thread per (row, unit) sums the WK partials and applies the gates (v3's gate code).
+// The configurations (kCfgs) trade the unit slice (wide Hb: fewer blocks read each h row, so less L2 traffic, but
+// more W per block) against the batch chunk and the K split (small batches: K over 8 warps keeps a step's mma
+// chain short). The plan estimates each one's step time and takes the cheapest that fits; `config` forces one.
+//
+// Napkin math, H = 512, bf16, B = 128 (the encoder's largest benchmarked batch but one): a step is
+// 2 * 128 * 1536 * 512 = 201 MFLOP, ~0.4 us at a third of the dense bf16 rate; each block reads its rows of h
+// (16 rows x 1 KB = 16 KB at Hb = 32, Pb = 8: 2 MB a step from L2 over the chip). So the step is the grid barrier
+// (~1-2 us measured on this H100) plus a few hundred ns of loads, mma and gates: the barrier, not arithmetic, bounds
+// it, as for v3 at small batch.
+//
+// Fragments. h rows and W rows are stored K-contiguous with a 16-byte pad per row (row pitch an odd multiple of 16
+// bytes modulo 128: the 8 row addresses of an ldmatrix phase hit distinct bank groups). One 64-byte block of K is
+// two ldmatrix.x4 of A (16 rows x 32 bytes each) and one ldmatrix.x4 of B per gate (8 rows x 64 bytes); the same
+// byte layout serves both element sizes: 32 bytes of K are one k16 step of fp16/bf16 or one k8 step of TF32 (an
+// fp32 word is two b16 halves: ldmatrix hands lane (g, t) word t of row g, the TF32 fragment's element).
+#include "gru.cuh"
+#include "lab_gemm.cuh"
+
+#define _CG_LIMIT_INCLUDED_DEPENDENCIES  // see v3.cu
+#include <cooperative_groups.h>
+
+namespace gru {
+namespace cg = cooperative_groups;
+
+#if defined(LAB_VARIANT_dtype_f32)
+using VT = float;  // float32 tensors, TF32 multiplies
+#elif defined(LAB_VARIANT_dtype_f16)
+using VT = __half;
+#elif defined(LAB_VARIANT_dtype_bf16)
+using VT = __nv_bfloat16;
+#else
+#error "gru/v5.cu is built per variant (// lab:variants above): -DLAB_VARIANT_dtype_f32, _f16 or _bf16"
+#endif
+
+// The warp grids: WM warps along batch rows (16 each), WN along hidden units (8 each), WK along K. WM*WN*WK = 8.
+struct Cfg { int wm, wn, wk; };
+constexpr int kNumCfgs = 8;
+constexpr Cfg kCfgs[kNumCfgs] = {{1, 1, 8}, {1, 2, 4}, {1, 4, 2}, {1, 8, 1}, {2, 2, 2}, {2, 4, 1}, {4, 2, 1}, {8, 1, 1}};
+
+struct V5Args {
+  const float* gi;   // (T, B, 3H) x_t W_ih^T, fp32, no bias
+  const void* w_hh;  // (3H, H)
+  const void* b_ih;  // (3H)
+  const void* b_hh;  // (3H)
+  const void* h0;    // (B, H) or nullptr (zeros)
+  void* out;         // (T, B, H)
+  int T, B, H;
+  int Kp, ld;        // K padded to 64 bytes; row pitch of the h and W tiles in elements (Kp + 16 bytes)
+  int Ph, Bb;        // hidden-unit slices (block index % Ph), batch rows per block
+  int wm, wn, wk;    // the warp grid (kCfgs)
+};
+
+// The mma of the storage type on one 32-byte step of K: a = 16 rows x 32 B of h, (b0, b1) = 8 W rows x 32 B.
+__device__ __forceinline__ void mma_step(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float) {
+  lab::mma_tf32_16x8x8(c, a, b0, b1);
+}
+__device__ __forceinline__ void mma_step(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, __half) {
+  lab::mma_f16_16x8x16(c, a, b0, b1);
+}
+__device__ __forceinline__ void mma_step(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                         __nv_bfloat16) {
+  lab::mma_bf16_16x8x16(c, a, b0, b1);
+}
+
+// W_hh as the mma reads it: TF32-rounded for float32 (once, here), the 16-bit types as stored.
+__device__ __forceinline__ float w_operand(float v) { return __uint_as_float(lab::round_tf32(v)); }
+__device__ __forceinline__ __half w_operand(__half v) { return v; }
+__device__ __forceinline__ __nv_bfloat16 w_operand(__nv_bfloat16 v) { return v; }
+
+__device__ __forceinline__ float ldcg_f(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ __half ldcg_f(const __half* p) {
+  return __ushort_as_half(__ldcg(reinterpret_cast<const unsigned short*>(p)));
+}
+__device__ __forceinline__ __nv_bfloat16 ldcg_f(const __nv_bfloat16* p) {
+  return __ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p)));
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
+  extern __shared__ float4 smem4[];
+  const int H = a.H, B = a.B, Bb = a.Bb, ld = a.ld, Kp = a.Kp, WK = a.wk;
+  const int Hb = 8 * a.wn, BC = 16 * a.wm;
+  const int j0 = (blockIdx.x % a.Ph) * Hb, b0 = (blockIdx.x / a.Ph) * Bb;
+  const int nb = min(Bb, B - b0);  // this block's batch rows (the plan leaves no block without rows)
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wk = warp % WK, wn = (warp / WK) % a.wn, wm = warp / (WK * a.wn);
+
+  T* Ws = reinterpret_cast<T*>(smem4);                         // [3*Hb][ld]  W_hh rows g*H + j0 + u at g*Hb + u
+  T* hs = Ws + 3 * Hb * ld;                                    // [BC][ld]    h_{t-1} rows of the chunk
+  float* ghs = reinterpret_cast<float*>(hs + BC * ld);         // [WK][BC][3][Hb] partial sums of h W_hh^T
+  float* gis = ghs + WK * BC * 3 * Hb;                         // [2][Bb][3][Hb]  x W_ih^T, double-buffered
+  float* hown = gis + 2 * Bb * 3 * Hb;                         // [Bb][Hb]    this block's h, fp32
+  float* bias = hown + Bb * Hb;                                // [6][Hb]     b_ih r,z,n, b_hh r,z,n
+
+  const T* W = static_cast<const T*>(a.w_hh);
+  const T* bih = static_cast<const T*>(a.b_ih);
+  const T* bhh = static_cast<const T*>(a.b_hh);
+  const T* h0 = static_cast<const T*>(a.h0);
+  T* out = static_cast<T*>(a.out);
+
+  // 1. The block's W_hh slice, once: zeros past H (units and columns); zeros in the whole h tile (its pad columns
+  //    are never written again, and 0 * garbage could be NaN).
+  for (int p = tid; p < 3 * Hb * Kp; p += kThreads) {
+    const int row = p / Kp, k = p % Kp, g = row / Hb, j = j0 + row % Hb;
+    Ws[row * ld + k] = (j < H && k < H) ? w_operand(W[(int64_t(g) * H + j) * H + k]) : from_f<T>(0.f);
+  }
+  for (int p = tid; p < BC * ld; p += kThreads) hs[p] = from_f<T>(0.f);
+  for (int p = tid; p < 6 * Hb; p += kThreads) {
+    const int g = p / Hb, jj = j0 + p % Hb;
+    bias[p] = jj < H ? tof((g < 3 ? bih : bhh)[(g % 3) * H + jj]) : 0.f;
+  }
+  for (int p = tid; p < Bb * Hb; p += kThreads) {
+    const int bb = p / Hb, jj = j0 + p % Hb;
+    hown[p] = (h0 && bb < nb && jj < H) ? tof(h0[int64_t(b0 + bb) * H + jj]) : 0.f;
+  }
+
+  // Row copies of h: 16-byte cp.async where rows are 16-byte aligned, else element loads (L2: written this launch).
+  constexpr int E = 16 / sizeof(T);
+  const bool vec_gi = H % 4 == 0;  // 4 units of one gate row in one 16-byte copy (Hb and j0 are multiples of 8)
+  // per-lane ldmatrix addresses: A (h) rows wm*16 + lane%16, byte column 16*(lane/16); B (W) rows of the warp's 8
+  // units in gate g, byte column 16*(lane/8)
+  const uint32_t a_addr = lab::smem_u32(hs + (wm * 16 + lane % 16) * ld) + 16 * (lane / 16);
+  uint32_t b_addr[3];
+#pragma unroll
+  for (int g = 0; g < 3; ++g) b_addr[g] = lab::smem_u32(Ws + (g * Hb + wn * 8 + lane % 8) * ld) + 16 * (lane / 8);
+  const int nkb = Kp * int(sizeof(T)) / 64;  // 64-byte blocks of K
+
+  for (int t = 0; t < a.T; ++t) {
+    // 2. Prefetch this step's input projections (independent of h: in flight across the barrier), as v3.
+    float* gib = gis + (t & 1) * Bb * 3 * Hb;
+    const float* gsrc = a.gi + int64_t(t) * B * 3 * H;
+    if (vec_gi) {
+      for (int p = tid; p < nb * 3 * Hb / 4; p += kThreads) {
+        const int uu = (p % (Hb / 4)) * 4, g = (p / (Hb / 4)) % 3, bb = p / (3 * Hb / 4);
+        const float* src = gsrc + (int64_t(b0 + bb) * 3 + g) * H + j0 + uu;
+        lab::cp_async16(lab::smem_u32(gib + (bb * 3 + g) * Hb + uu), j0 + uu < H ? src : gsrc, j0 + uu < H ? 16 : 0);
+      }
+    } else {
+      for (int p = tid; p < nb * 3 * Hb; p += kThreads) {
+        const int uu = p % Hb, g = (p / Hb) % 3, bb = p / (3 * Hb);
+        const float* src = gsrc + (int64_t(b0 + bb) * 3 + g) * H + j0 + uu;
+        lab::cp_async4(lab::smem_u32(gib + p), j0 + uu < H ? src : gsrc, j0 + uu < H ? 4 : 0);
+      }
+    }
+    lab::cp_async_commit();
+    if (t > 0) cg::this_grid().sync();  // every block's h_{t-1} is written (the one barrier of the step)
+    const T* hsrc = t == 0 ? h0 : out + int64_t(t - 1) * B * H;
+
+    for (int c0 = 0; c0 < nb; c0 += BC) {
+      const int nr = min(BC, nb - c0);
+      // 3. h_{t-1} rows of the chunk into the h tile (rows past nr keep old, finite values: their sums are unused)
+      if (!hsrc) {
+        for (int p = tid; p < nr * H; p += kThreads) hs[(p / H) * ld + p % H] = from_f<T>(0.f);
+      } else {
+        const T* src = hsrc + int64_t(b0 + c0) * H;
+        if (H % E == 0 && (reinterpret_cast<uintptr_t>(hsrc) & 15) == 0) {
+          const int cpr = H / E;
+          for (int p = tid; p < nr * cpr; p += kThreads) {
+            const int r = p / cpr, c = p % cpr;
+            lab::cp_async16(lab::smem_u32(hs + r * ld + c * E), src + int64_t(r) * H + c * E, 16);
+          }
+        } else {
+          for (int p = tid; p < nr * H; p += kThreads) hs[(p / H) * ld + p % H] = ldcg_f(src + int64_t(p / H) * H + p % H);
+        }
+      }
+      lab::cp_async_commit();
+      lab::cp_async_wait<0>();
+      __syncthreads();  // the h tile (and the prefetched gi) visible to all
+
+      // 4. h W_hh^T on tensor cores: this warp's 16 rows x 8 units x 3 gates over every WK-th 64-byte block of K.
+      if (wm * 16 < nr) {
+        float acc[3][4] = {};
+#pragma unroll 4
+        for (int kb = wk; kb < nkb; kb += WK) {
+          uint32_t a0[4], a1[4];
+          lab::ldmatrix_x4(a0, a_addr + kb * 64);
+          lab::ldmatrix_x4(a1, a_addr + kb * 64 + 32);
+          if constexpr (sizeof(T) == 4) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              a0[e] = lab::round_tf32(__uint_as_float(a0[e]));
+              a1[e] = lab::round_tf32(__uint_as_float(a1[e]));
+            }
+          }
+#pragma unroll
+          for (int g = 0; g < 3; ++g) {
+            uint32_t b[4];
+            lab::ldmatrix_x4(b, b_addr[g] + kb * 64);
+            mma_step(acc[g], a0, b[0], b[1], T());
+            mma_step(acc[g], a1, b[2], b[3], T());
+          }
+        }
+        const int row = wm * 16 + lane / 4, col = wn * 8 + 2 * (lane % 4);
+#pragma unroll
+        for (int g = 0; g < 3; ++g) {
+          float* d = ghs + ((wk * BC + row) * 3 + g) * Hb + col;
+          *reinterpret_cast<float2*>(d) = make_float2(acc[g][0], acc[g][1]);
+          *reinterpret_cast<float2*>(d + 8 * 3 * Hb) = make_float2(acc[g][2], acc[g][3]);
+        }
+      }
+      __syncthreads();  // all partial sums of the chunk stored
+
+      // 5. Gates and the update, one thread per (row, unit): the WK partial sums, then v3's gate code.
+      for (int p = tid; p < nr * Hb; p += kThreads) {
+        const int uu = p % Hb, r = p / Hb, jj = j0 + uu, bb = c0 + r;
+        if (jj >= H) continue;
+        float y[3] = {0.f, 0.f, 0.f};
+        for (int w = 0; w < WK; ++w)
+#pragma unroll
+          for (int g = 0; g < 3; ++g) y[g] += ghs[((w * BC + r) * 3 + g) * Hb + uu];
+        const float* x = gib + bb * 3 * Hb + uu;
+        const float rg = sigm(x[0] + bias[uu] + y[0] + bias[3 * Hb + uu]);
+        const float zg = sigm(x[Hb] + bias[Hb + uu] + y[1] + bias[4 * Hb + uu]);
+        const float ng = tanh_acc(x[2 * Hb] + bias[2 * Hb + uu] + rg * (y[2] + bias[5 * Hb + uu]));
+        const float hp = hown[bb * Hb + uu];
+        const float hn = ng + zg * (hp - ng);
+        hown[bb * Hb + uu] = hn;
+        out[(int64_t(t) * B + b0 + bb) * H + jj] = from_f<T>(hn);
+      }
+      // The next chunk's copies overwrite hs (read only before the barrier above); its __syncthreads orders this
+      // phase's reads of ghs before the next mma phase rewrites them.
+    }
+  }
+}
+
+// ---- the plan: which configuration, how the work is split, and whether it fits ----------------------------------
+struct V5Plan {
+  int cfg = -1, hb = 0, bc = 0, wk = 0, ph = 0, pb = 0, bb = 0, kp = 0, ld = 0, smem = 0, blocks = 0,
+      max_coresident = 0, cost_ns = 0;
+  int status = 0;  // 0 ok; 2 no configuration fits shared memory; 3 not co-resident; 4 no cooperative launch;
+                   // 5 a CUDA error while asking; 6 config out of range
+};
+
+// A configuration's split and an estimate of one step's time on the busiest block (ns). The constants are rough
+// H100 figures (per-SM L2 read rate, a dependent mma.sync, a block-wide sync plus the gate phase); they rank the
+// configurations, they do not predict the measured time.
+inline V5Plan plan_cfg(int B, int H, int c, int sms, int optin) {
+  V5Plan p;
+  p.cfg = c;
+  const Cfg k = kCfgs[c];
+  const int es = int(sizeof(VT));
+  p.hb = 8 * k.wn;
+  p.bc = 16 * k.wm;
+  p.wk = k.wk;
+  p.kp = (H + 64 / es - 1) / (64 / es) * (64 / es);
+  p.ld = p.kp + 16 / es;
+  p.ph = (H + p.hb - 1) / p.hb;
+  const int max_pb = sms / p.ph;  // one block per SM
+  if (max_pb < 1) {
+    p.blocks = p.ph;
+    p.max_coresident = sms;
+    p.status = 3;
+    return p;
+  }
+  p.pb = B < max_pb ? B : max_pb;
+  p.bb = (B + p.pb - 1) / p.pb;
+  p.pb = (B + p.bb - 1) / p.bb;  // no block without rows
+  p.blocks = p.ph * p.pb;
+  p.smem = (3 * p.hb + p.bc) * p.ld * es + (p.wk * p.bc * 3 * p.hb + 2 * p.bb * 3 * p.hb + p.bb * p.hb + 6 * p.hb) * 4;
+  if (p.smem > optin - 1024) {
+    p.status = 2;
+    return p;
+  }
+  const int chunks = (p.bb + p.bc - 1) / p.bc;
+  const int rows = p.bb < p.bc ? p.bb : p.bc;
+  const int nkb = p.kp * es / 64;
+  const double load = 300.0 + double(rows) * H * es / 64.0;          // ~64 B/ns of L2 reads per SM, + latency
+  const double mma = double((nkb + p.wk - 1) / p.wk) * 6 * 4.0;       // ~4 ns per mma.sync in a warp's chain
+  const double gates = 400.0 + 60.0 * ((rows * p.hb * (2 + p.wk)) / 256);  // syncs + the gate phase
+  const double traffic = double(p.ph) * B * H * es / 4000.0;          // the chip's L2 read rate, ~4 TB/s
+  p.cost_ns = int(chunks * (load + mma + gates) + traffic);
+  return p;
+}
+
+inline V5Plan make_v5_plan(int B, int H, int force) {
+  V5Plan best;
+  int dev = 0, coop = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    best.status = 5;
+    return best;
+  }
+  if (!coop) {
+    best.status = 4;
+    return best;
+  }
+  if (force >= kNumCfgs) {
+    best.status = 6;
+    return best;
+  }
+  const int sms = lab::sm_count();
+  bool any = false;
+  for (int c = 0; c < kNumCfgs; ++c) {
+    if (force >= 0 && c != force) continue;
+    const V5Plan p = plan_cfg(B, H, c, sms, optin);
+    // the cheapest plan that fits; where none fits, the first configuration's reason
+    if (!any || (p.status == 0 && (best.status != 0 || p.cost_ns < best.cost_ns))) best = p;
+    any = true;
+  }
+  if (best.status) return best;
+  const void* k = reinterpret_cast<const void*>(&gru_v5_kernel<VT>);
+  int occ = 0;
+  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, best.smem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, kThreads, best.smem) != cudaSuccess) {
+    best.status = 5;
+    return best;
+  }
+  best.max_coresident = occ * sms;
+  if (best.blocks > best.max_coresident) best.status = 3;
+  return best;
+}
+
+}  // namespace gru
+
+// =================================================================================================================
+// Launchers (called from cpp_src/gru/gru.cpp), one pair per variant: "gru_v5_plan@f32" ... "gru_v5@bf16".
+// config: -1 = the plan's choice, 0..7 = force kCfgs[config].
+// =================================================================================================================
+// info: cfg, hb, bc, wk, ph, pb, bb, kp, smem, blocks, max_coresident, cost_ns. Returns the plan's status.
+int gru_v5_plan(int B, int H, int config, int* info) {
+  const gru::V5Plan p = gru::make_v5_plan(B, H, config);
+  const int v[12] = {p.cfg, p.hb, p.bc, p.wk, p.ph, p.pb, p.bb, p.kp, p.smem, p.blocks, p.max_coresident, p.cost_ns};
+  for (int i = 0; i < 12; ++i) info[i] = v[i];
+  return p.status;
+}
+
+cudaError_t gru_v5(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0, void* out,
+                   int T, int B, int H, int config, cudaStream_t stream) {
+  using namespace gru;
+  if (T == 0 || B == 0) return cudaSuccess;
+  const V5Plan p = make_v5_plan(B, H, config);
+  if (p.status == 3) return cudaErrorCooperativeLaunchTooLarge;
+  if (p.status) return cudaErrorInvalidConfiguration;
+  const Cfg k = kCfgs[p.cfg];
+  V5Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.kp, p.ld, p.ph, p.bb, k.wm, k.wn, k.wk};
+  void* args[] = {&a};
+  cudaLaunchAttribute attr[1];  // cooperative, through the launch-attribute API (graph-capturable): as v3
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(p.blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(p.smem);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(&gru_v5_kernel<VT>), args);
+}
+
+LAB_EXPORTS(LAB_EXPORT("gru_v5_plan", gru_v5_plan), LAB_EXPORT("gru_v5", gru_v5))
