@@ -117,10 +117,32 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
   T* out = static_cast<T*>(a.out);
 
   // 1. The block's W_hh slice, once: zeros past H (units and columns); zeros in the whole h tile (its pad columns
-  //    are never written again, and 0 * garbage could be NaN).
-  for (int p = tid; p < 3 * Hb * Kp; p += kThreads) {
-    const int row = p / Kp, k = p % Kp, g = row / Hb, j = j0 + row % Hb;
-    Ws[row * ld + k] = (j < H && k < H) ? w_operand(W[(int64_t(g) * H + j) * H + k]) : from_f<T>(0.f);
+  //    are never written again, and 0 * garbage could be NaN). 16-byte copies where rows allow: element by element,
+  //    the first H100 run spent ~30 us here (a load's latency per element, in series).
+  constexpr int E = 16 / sizeof(T);  // elements per 16-byte copy
+  if (H % E == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0) {
+    const int cpr = H / E;
+    for (int p = tid; p < 3 * Hb * cpr; p += kThreads) {
+      const int row = p / cpr, c = p % cpr, g = row / Hb, j = j0 + row % Hb;
+      const T* src = W + (int64_t(g) * H + (j < H ? j : 0)) * H + c * E;
+      lab::cp_async16(lab::smem_u32(Ws + row * ld + c * E), src, j < H ? 16 : 0);
+    }
+    for (int p = tid; p < 3 * Hb * (Kp - H); p += kThreads) Ws[(p / (Kp - H)) * ld + H + p % (Kp - H)] = from_f<T>(0.f);
+    lab::cp_async_commit();
+    lab::cp_async_wait<0>();
+    if constexpr (sizeof(T) == 4) {  // TF32: round the copies in place (each thread its own copies' elements)
+      for (int p = tid; p < 3 * Hb * cpr; p += kThreads) {
+        T* w = Ws + (p / cpr) * ld + (p % cpr) * E;
+#pragma unroll
+        for (int e = 0; e < E; ++e) w[e] = w_operand(w[e]);
+      }
+    }
+  } else {
+#pragma unroll 4
+    for (int p = tid; p < 3 * Hb * Kp; p += kThreads) {
+      const int row = p / Kp, k = p % Kp, g = row / Hb, j = j0 + row % Hb;
+      Ws[row * ld + k] = (j < H && k < H) ? w_operand(W[(int64_t(g) * H + j) * H + k]) : from_f<T>(0.f);
+    }
   }
   for (int p = tid; p < BC * ld; p += kThreads) hs[p] = from_f<T>(0.f);
   for (int p = tid; p < 6 * Hb; p += kThreads) {
@@ -132,8 +154,9 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
     hown[p] = (h0 && bb < nb && jj < H) ? tof(h0[int64_t(b0 + bb) * H + jj]) : 0.f;
   }
 
+  __syncthreads();  // the zeros above land before any copy of step 0 writes the same tile (a race the H100 caught)
+
   // Row copies of h: 16-byte cp.async where rows are 16-byte aligned, else element loads (L2: written this launch).
-  constexpr int E = 16 / sizeof(T);
   const bool vec_gi = H % 4 == 0;  // 4 units of one gate row in one 16-byte copy (Hb and j0 are multiples of 8)
   // per-lane ldmatrix addresses: A (h) rows wm*16 + lane%16, byte column 16*(lane/16); B (W) rows of the warp's 8
   // units in gate g, byte column 16*(lane/8)
@@ -187,7 +210,8 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
 
       // 4. h W_hh^T on tensor cores: this warp's 16 rows x 8 units x 3 gates over every WK-th 64-byte block of K.
       if (wm * 16 < nr) {
-        float acc[3][4] = {};
+        // two accumulator sets (the two k-halves of a 64-byte block): six independent mma chains instead of three
+        float acc[3][4] = {}, acc2[3][4] = {};
 #pragma unroll 4
         for (int kb = wk; kb < nkb; kb += WK) {
           uint32_t a0[4], a1[4];
@@ -205,15 +229,15 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
             uint32_t b[4];
             lab::ldmatrix_x4(b, b_addr[g] + kb * 64);
             mma_step(acc[g], a0, b[0], b[1], T());
-            mma_step(acc[g], a1, b[2], b[3], T());
+            mma_step(acc2[g], a1, b[2], b[3], T());
           }
         }
         const int row = wm * 16 + lane / 4, col = wn * 8 + 2 * (lane % 4);
 #pragma unroll
         for (int g = 0; g < 3; ++g) {
           float* d = ghs + ((wk * BC + row) * 3 + g) * Hb + col;
-          *reinterpret_cast<float2*>(d) = make_float2(acc[g][0], acc[g][1]);
-          *reinterpret_cast<float2*>(d + 8 * 3 * Hb) = make_float2(acc[g][2], acc[g][3]);
+          *reinterpret_cast<float2*>(d) = make_float2(acc[g][0] + acc2[g][0], acc[g][1] + acc2[g][1]);
+          *reinterpret_cast<float2*>(d + 8 * 3 * Hb) = make_float2(acc[g][2] + acc2[g][2], acc[g][3] + acc2[g][3]);
         }
       }
       __syncthreads();  // all partial sums of the chunk stored
