@@ -66,6 +66,7 @@ struct V5Args {
   int Kp, ld;        // K padded to 64 bytes; row pitch of the h and W tiles in elements (Kp + 16 bytes)
   int Ph, Bb;        // hidden-unit slices (block index % Ph), batch rows per block
   int wm, wn, wk;    // the warp grid (kCfgs)
+  int gi_bufs;       // 2: the input projections double-buffered (prefetched across the barrier); 1 where 2 do not fit
 };
 
 // The mma of the storage type on one 32-byte step of K: a = 16 rows x 32 B of h, (b0, b1) = 8 W rows x 32 B.
@@ -93,22 +94,59 @@ __device__ __forceinline__ __nv_bfloat16 ldcg_f(const __nv_bfloat16* p) {
   return __ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p)));
 }
 
+// Two adjacent elements of a row: one 4- or 8-byte store where the pair is aligned and whole, else element stores.
+__device__ __forceinline__ void store2(float* p, float a, float b, bool pair, bool second) {
+  if (pair) *reinterpret_cast<float2*>(p) = make_float2(a, b);
+  else { p[0] = a; if (second) p[1] = b; }
+}
+__device__ __forceinline__ void store2(__half* p, float a, float b, bool pair, bool second) {
+  if (pair) *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  else { p[0] = __float2half_rn(a); if (second) p[1] = __float2half_rn(b); }
+}
+__device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b, bool pair, bool second) {
+  if (pair) *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  else { p[0] = __float2bfloat16_rn(a); if (second) p[1] = __float2bfloat16_rn(b); }
+}
+
+// Copies of `rows` rows of `per_row` 16-byte pieces (src pitch `sp` elements of S, dst pitch `dp` elements of D):
+// each thread keeps one (row, piece) start and steps by whole rows, so a copy costs adds, not a division. Pieces of
+// rows at or past `valid_rows` and pieces whose `valid(piece)` is false are zero-filled without reading.
+template <class D, class S, class Valid>
+__device__ __forceinline__ void copy_rows16(D* dst, int dp, const S* src, int64_t sp, int rows, int per_row,
+                                            Valid valid) {
+  constexpr int ED = 16 / sizeof(D), ES = 16 / sizeof(S);
+  if (per_row <= kThreads) {
+    const int step = kThreads / per_row;
+    if (int(threadIdx.x) >= step * per_row) return;
+    const int c = threadIdx.x % per_row;
+    const bool ok = valid(c);
+    for (int r = threadIdx.x / per_row; r < rows; r += step)
+      lab::cp_async16(lab::smem_u32(dst + r * dp + c * ED), ok ? src + r * sp + c * ES : src, ok ? 16 : 0);
+  } else {
+    for (int p = threadIdx.x; p < rows * per_row; p += kThreads) {
+      const int r = p / per_row, c = p % per_row;
+      const bool ok = valid(c);
+      lab::cp_async16(lab::smem_u32(dst + r * dp + c * ED), ok ? src + r * sp + c * ES : src, ok ? 16 : 0);
+    }
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
   extern __shared__ float4 smem4[];
   const int H = a.H, B = a.B, Bb = a.Bb, ld = a.ld, Kp = a.Kp, WK = a.wk;
-  const int Hb = 8 * a.wn, BC = 16 * a.wm;
+  const int Hb = 8 * a.wn, BC = 16 * a.wm, tiles = a.wm * a.wn;
   const int j0 = (blockIdx.x % a.Ph) * Hb, b0 = (blockIdx.x / a.Ph) * Bb;
   const int nb = min(Bb, B - b0);  // this block's batch rows (the plan leaves no block without rows)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wk = warp % WK, wn = (warp / WK) % a.wn, wm = warp / (WK * a.wn);
+  const int wk = warp % WK, tile = warp / WK, wn = tile % a.wn, wm = tile / a.wn;
+  const int gbufs = a.gi_bufs;
 
   T* Ws = reinterpret_cast<T*>(smem4);                         // [3*Hb][ld]  W_hh rows g*H + j0 + u at g*Hb + u
   T* hs = Ws + 3 * Hb * ld;                                    // [BC][ld]    h_{t-1} rows of the chunk
-  float* ghs = reinterpret_cast<float*>(hs + BC * ld);         // [WK][BC][3][Hb] partial sums of h W_hh^T
-  float* gis = ghs + WK * BC * 3 * Hb;                         // [2][Bb][3][Hb]  x W_ih^T, double-buffered
-  float* hown = gis + 2 * Bb * 3 * Hb;                         // [Bb][Hb]    this block's h, fp32
-  float* bias = hown + Bb * Hb;                                // [6][Hb]     b_ih r,z,n, b_hh r,z,n
+  float* red = reinterpret_cast<float*>(hs + BC * ld);         // [tiles][WK-1][12][32] partial sums, K-split warps
+  float* gis = red + tiles * (WK - 1) * 12 * 32;               // [gbufs][Bb][3][Hb] x W_ih^T
+  float* hown = gis + gbufs * Bb * 3 * Hb;                     // [Bb][Hb]    this block's h, fp32
 
   const T* W = static_cast<const T*>(a.w_hh);
   const T* bih = static_cast<const T*>(a.b_ih);
@@ -120,23 +158,20 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
   //    are never written again, and 0 * garbage could be NaN). 16-byte copies where rows allow: element by element,
   //    the first H100 run spent ~30 us here (a load's latency per element, in series).
   constexpr int E = 16 / sizeof(T);  // elements per 16-byte copy
-  if (H % E == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0) {
-    const int cpr = H / E;
-    for (int p = tid; p < 3 * Hb * cpr; p += kThreads) {
-      const int row = p / cpr, c = p % cpr, g = row / Hb, j = j0 + row % Hb;
-      const T* src = W + (int64_t(g) * H + (j < H ? j : 0)) * H + c * E;
-      lab::cp_async16(lab::smem_u32(Ws + row * ld + c * E), src, j < H ? 16 : 0);
+  const bool vec_h = H % E == 0;     // rows of h and W_hh are whole 16-byte pieces (h0/W alignment: the binding)
+  if (vec_h && (reinterpret_cast<uintptr_t>(W) & 15) == 0) {
+    for (int g = 0; g < 3; ++g)      // gate g's Hb rows: W_hh rows g*H + j0 .. (past H: zeros)
+      copy_rows16(Ws + g * Hb * ld, ld, W + (int64_t(g) * H + j0) * H, H, min(Hb, H - j0), H / E,
+                  [](int) { return true; });
+    for (int p = tid; p < 3 * Hb * Kp; p += kThreads) {
+      const int row = p / Kp, k = p % Kp;
+      if (k >= H || j0 + row % Hb >= H) Ws[row * ld + k] = from_f<T>(0.f);
     }
-    for (int p = tid; p < 3 * Hb * (Kp - H); p += kThreads) Ws[(p / (Kp - H)) * ld + H + p % (Kp - H)] = from_f<T>(0.f);
     lab::cp_async_commit();
     lab::cp_async_wait<0>();
-    if constexpr (sizeof(T) == 4) {  // TF32: round the copies in place (each thread its own copies' elements)
-      for (int p = tid; p < 3 * Hb * cpr; p += kThreads) {
-        T* w = Ws + (p / cpr) * ld + (p % cpr) * E;
-#pragma unroll
-        for (int e = 0; e < E; ++e) w[e] = w_operand(w[e]);
-      }
-    }
+    __syncthreads();
+    if constexpr (sizeof(T) == 4)  // TF32: round in place
+      for (int p = tid; p < 3 * Hb * Kp; p += kThreads) Ws[(p / Kp) * ld + p % Kp] = w_operand(Ws[(p / Kp) * ld + p % Kp]);
   } else {
 #pragma unroll 4
     for (int p = tid; p < 3 * Hb * Kp; p += kThreads) {
@@ -145,19 +180,22 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
     }
   }
   for (int p = tid; p < BC * ld; p += kThreads) hs[p] = from_f<T>(0.f);
-  for (int p = tid; p < 6 * Hb; p += kThreads) {
-    const int g = p / Hb, jj = j0 + p % Hb;
-    bias[p] = jj < H ? tof((g < 3 ? bih : bhh)[(g % 3) * H + jj]) : 0.f;
-  }
   for (int p = tid; p < Bb * Hb; p += kThreads) {
     const int bb = p / Hb, jj = j0 + p % Hb;
     hown[p] = (h0 && bb < nb && jj < H) ? tof(h0[int64_t(b0 + bb) * H + jj]) : 0.f;
   }
-
+  // This lane's gate items (K-split warp 0 of each tile): rows wm*16 + lane/4 (+8), units wn*8 + 2*(lane%4) (+1),
+  // the mma accumulator layout. Their biases stay in registers: [unit 0/1][b_ir, b_iz, b_in, b_hr, b_hz, b_hn].
+  const int u0 = wn * 8 + 2 * (lane % 4), ju = j0 + u0;
+  const bool has0 = ju < H, has1 = ju + 1 < H;
+  float bs[2][6];
+#pragma unroll
+  for (int q = 0; q < 2; ++q)
+#pragma unroll
+    for (int g = 0; g < 6; ++g)
+      bs[q][g] = (ju + q < H) ? tof((g < 3 ? bih : bhh)[(g % 3) * H + ju + q]) : 0.f;
   __syncthreads();  // the zeros above land before any copy of step 0 writes the same tile (a race the H100 caught)
 
-  // Row copies of h: 16-byte cp.async where rows are 16-byte aligned, else element loads (L2: written this launch).
-  const bool vec_gi = H % 4 == 0;  // 4 units of one gate row in one 16-byte copy (Hb and j0 are multiples of 8)
   // per-lane ldmatrix addresses: A (h) rows wm*16 + lane%16, byte column 16*(lane/16); B (W) rows of the warp's 8
   // units in gate g, byte column 16*(lane/8)
   const uint32_t a_addr = lab::smem_u32(hs + (wm * 16 + lane % 16) * ld) + 16 * (lane / 16);
@@ -165,21 +203,20 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
 #pragma unroll
   for (int g = 0; g < 3; ++g) b_addr[g] = lab::smem_u32(Ws + (g * Hb + wn * 8 + lane % 8) * ld) + 16 * (lane / 8);
   const int nkb = Kp * int(sizeof(T)) / 64;  // 64-byte blocks of K
+  const bool pair_out = has1 && (H % 2 == 0);  // (ju, ju+1) one aligned 2-element store (ju is even)
 
   for (int t = 0; t < a.T; ++t) {
-    // 2. Prefetch this step's input projections (independent of h: in flight across the barrier), as v3.
-    float* gib = gis + (t & 1) * Bb * 3 * Hb;
-    const float* gsrc = a.gi + int64_t(t) * B * 3 * H;
-    if (vec_gi) {
-      for (int p = tid; p < nb * 3 * Hb / 4; p += kThreads) {
-        const int uu = (p % (Hb / 4)) * 4, g = (p / (Hb / 4)) % 3, bb = p / (3 * Hb / 4);
-        const float* src = gsrc + (int64_t(b0 + bb) * 3 + g) * H + j0 + uu;
-        lab::cp_async16(lab::smem_u32(gib + (bb * 3 + g) * Hb + uu), j0 + uu < H ? src : gsrc, j0 + uu < H ? 16 : 0);
-      }
+    // 2. Prefetch this step's input projections (independent of h: in flight across the barrier), as v3. One
+    //    buffer where two do not fit: then the previous step's gate phase must be over first.
+    if (gbufs == 1 && t > 0) __syncthreads();
+    float* gib = gis + (t % gbufs) * Bb * 3 * Hb;
+    const float* gsrc = a.gi + (int64_t(t) * B + b0) * 3 * H;
+    if (H % 4 == 0) {  // rows (b, g) of Hb floats from column j0: 16-byte pieces, zeros past H
+      copy_rows16(gib, Hb, gsrc + j0, H, nb * 3, Hb / 4, [&](int c) { return j0 + 4 * c < H; });
     } else {
       for (int p = tid; p < nb * 3 * Hb; p += kThreads) {
-        const int uu = p % Hb, g = (p / Hb) % 3, bb = p / (3 * Hb);
-        const float* src = gsrc + (int64_t(b0 + bb) * 3 + g) * H + j0 + uu;
+        const int uu = p % Hb, row = p / Hb;
+        const float* src = gsrc + int64_t(row) * H + j0 + uu;
         lab::cp_async4(lab::smem_u32(gib + p), j0 + uu < H ? src : gsrc, j0 + uu < H ? 4 : 0);
       }
     }
@@ -189,17 +226,14 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
 
     for (int c0 = 0; c0 < nb; c0 += BC) {
       const int nr = min(BC, nb - c0);
+      if (c0 > 0) __syncthreads();  // every warp is done reading the previous chunk's h tile and partial sums
       // 3. h_{t-1} rows of the chunk into the h tile (rows past nr keep old, finite values: their sums are unused)
       if (!hsrc) {
         for (int p = tid; p < nr * H; p += kThreads) hs[(p / H) * ld + p % H] = from_f<T>(0.f);
       } else {
         const T* src = hsrc + int64_t(b0 + c0) * H;
-        if (H % E == 0 && (reinterpret_cast<uintptr_t>(hsrc) & 15) == 0) {
-          const int cpr = H / E;
-          for (int p = tid; p < nr * cpr; p += kThreads) {
-            const int r = p / cpr, c = p % cpr;
-            lab::cp_async16(lab::smem_u32(hs + r * ld + c * E), src + int64_t(r) * H + c * E, 16);
-          }
+        if (vec_h && (reinterpret_cast<uintptr_t>(hsrc) & 15) == 0) {
+          copy_rows16(hs, ld, src, H, nr, H / E, [](int) { return true; });
         } else {
           for (int p = tid; p < nr * H; p += kThreads) hs[(p / H) * ld + p % H] = ldcg_f(src + int64_t(p / H) * H + p % H);
         }
@@ -209,9 +243,10 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
       __syncthreads();  // the h tile (and the prefetched gi) visible to all
 
       // 4. h W_hh^T on tensor cores: this warp's 16 rows x 8 units x 3 gates over every WK-th 64-byte block of K.
-      if (wm * 16 < nr) {
-        // two accumulator sets (the two k-halves of a 64-byte block): six independent mma chains instead of three
-        float acc[3][4] = {}, acc2[3][4] = {};
+      //    Two accumulator sets (the two k-halves of a block): six independent mma chains instead of three.
+      const bool live = wm * 16 < nr;
+      float acc[3][4] = {}, acc2[3][4] = {};
+      if (live) {
 #pragma unroll 4
         for (int kb = wk; kb < nkb; kb += WK) {
           uint32_t a0[4], a1[4];
@@ -232,35 +267,51 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
             mma_step(acc2[g], a1, b[2], b[3], T());
           }
         }
-        const int row = wm * 16 + lane / 4, col = wn * 8 + 2 * (lane % 4);
 #pragma unroll
-        for (int g = 0; g < 3; ++g) {
-          float* d = ghs + ((wk * BC + row) * 3 + g) * Hb + col;
-          *reinterpret_cast<float2*>(d) = make_float2(acc[g][0] + acc2[g][0], acc[g][1] + acc2[g][1]);
-          *reinterpret_cast<float2*>(d + 8 * 3 * Hb) = make_float2(acc[g][2] + acc2[g][2], acc[g][3] + acc2[g][3]);
+        for (int g = 0; g < 3; ++g)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[g][e] += acc2[g][e];
+      }
+      // 5. K-split warps hand their partial sums to the tile's warp 0 (lane-major: conflict-free), which applies
+      //    the gates straight from its accumulators: lane (g, t) holds r, z, n of the same 4 (row, unit) pairs.
+      if (WK > 1) {
+        if (live && wk > 0) {
+          float* r = red + ((tile * (WK - 1) + wk - 1) * 12) * 32 + lane;
+#pragma unroll
+          for (int g = 0; g < 3; ++g)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) r[(g * 4 + e) * 32] = acc[g][e];
+        }
+        __syncthreads();
+        if (live && wk == 0)
+          for (int w = 0; w < WK - 1; ++w) {
+            const float* r = red + ((tile * (WK - 1) + w) * 12) * 32 + lane;
+#pragma unroll
+            for (int g = 0; g < 3; ++g)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[g][e] += r[(g * 4 + e) * 32];
+          }
+      }
+      if (live && wk == 0 && has0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // rows lane/4 and lane/4 + 8 of the tile
+          const int r = wm * 16 + lane / 4 + 8 * h, bb = c0 + r;
+          if (r >= nr) continue;
+          const float* x = gib + bb * 3 * Hb + u0;
+          float* own = hown + bb * Hb + u0;
+          float hn[2];
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {  // units u0, u0 + 1 (the second may be past H: computed, not stored)
+            const float rg = sigm(x[q] + bs[q][0] + acc[0][2 * h + q] + bs[q][3]);
+            const float zg = sigm(x[Hb + q] + bs[q][1] + acc[1][2 * h + q] + bs[q][4]);
+            const float ng = tanh_acc(x[2 * Hb + q] + bs[q][2] + rg * (acc[2][2 * h + q] + bs[q][5]));
+            hn[q] = ng + zg * (own[q] - ng);
+          }
+          own[0] = hn[0];
+          own[1] = hn[1];
+          store2(out + (int64_t(t) * B + b0 + bb) * H + ju, hn[0], hn[1], pair_out, has1);
         }
       }
-      __syncthreads();  // all partial sums of the chunk stored
-
-      // 5. Gates and the update, one thread per (row, unit): the WK partial sums, then v3's gate code.
-      for (int p = tid; p < nr * Hb; p += kThreads) {
-        const int uu = p % Hb, r = p / Hb, jj = j0 + uu, bb = c0 + r;
-        if (jj >= H) continue;
-        float y[3] = {0.f, 0.f, 0.f};
-        for (int w = 0; w < WK; ++w)
-#pragma unroll
-          for (int g = 0; g < 3; ++g) y[g] += ghs[((w * BC + r) * 3 + g) * Hb + uu];
-        const float* x = gib + bb * 3 * Hb + uu;
-        const float rg = sigm(x[0] + bias[uu] + y[0] + bias[3 * Hb + uu]);
-        const float zg = sigm(x[Hb] + bias[Hb + uu] + y[1] + bias[4 * Hb + uu]);
-        const float ng = tanh_acc(x[2 * Hb] + bias[2 * Hb + uu] + rg * (y[2] + bias[5 * Hb + uu]));
-        const float hp = hown[bb * Hb + uu];
-        const float hn = ng + zg * (hp - ng);
-        hown[bb * Hb + uu] = hn;
-        out[(int64_t(t) * B + b0 + bb) * H + jj] = from_f<T>(hn);
-      }
-      // The next chunk's copies overwrite hs (read only before the barrier above); its __syncthreads orders this
-      // phase's reads of ghs before the next mma phase rewrites them.
     }
   }
 }
@@ -268,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
 // ---- the plan: which configuration, how the work is split, and whether it fits ----------------------------------
 struct V5Plan {
   int cfg = -1, hb = 0, bc = 0, wk = 0, ph = 0, pb = 0, bb = 0, kp = 0, ld = 0, smem = 0, blocks = 0,
-      max_coresident = 0, cost_ns = 0;
+      max_coresident = 0, cost_ns = 0, gi_bufs = 0;
   int status = 0;  // 0 ok; 2 no configuration fits shared memory; 3 not co-resident; 4 no cooperative launch;
                    // 5 a CUDA error while asking; 6 config out of range
 };
@@ -298,8 +349,12 @@ inline V5Plan plan_cfg(int B, int H, int c, int sms, int optin) {
   p.bb = (B + p.pb - 1) / p.pb;
   p.pb = (B + p.bb - 1) / p.bb;  // no block without rows
   p.blocks = p.ph * p.pb;
-  p.smem = (3 * p.hb + p.bc) * p.ld * es + (p.wk * p.bc * 3 * p.hb + 2 * p.bb * 3 * p.hb + p.bb * p.hb + 6 * p.hb) * 4;
-  if (p.smem > optin - 1024) {
+  const int tiles = k.wm * k.wn;
+  for (p.gi_bufs = 2; p.gi_bufs >= 1; --p.gi_bufs) {
+    p.smem = (3 * p.hb + p.bc) * p.ld * es + (tiles * (k.wk - 1) * 12 * 32 + p.gi_bufs * p.bb * 3 * p.hb + p.bb * p.hb) * 4;
+    if (p.smem <= optin - 1024) break;
+  }
+  if (p.gi_bufs < 1) {
     p.status = 2;
     return p;
   }
@@ -375,7 +430,7 @@ cudaError_t gru_v5(const float* gi, const void* w_hh, const void* b_ih, const vo
   if (p.status == 3) return cudaErrorCooperativeLaunchTooLarge;
   if (p.status) return cudaErrorInvalidConfiguration;
   const Cfg k = kCfgs[p.cfg];
-  V5Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.kp, p.ld, p.ph, p.bb, k.wm, k.wn, k.wk};
+  V5Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.kp, p.ld, p.ph, p.bb, k.wm, k.wn, k.wk, p.gi_bufs};
   void* args[] = {&a};
   cudaLaunchAttribute attr[1];  // cooperative, through the launch-attribute API (graph-capturable): as v3
   attr[0].id = cudaLaunchAttributeCooperative;
