@@ -304,3 +304,14 @@ def test_each_version_is_held_to_the_ceiling_of_the_units_it_runs_on():
     assert peak_for(ceil, torch.float32, v5.precision_at(torch.float32), v5.ceiling) == 370.0
     tf32 = next(v for v in op.versions if v.name == "torch.tf32")
     assert peak_for(ceil, torch.float32, tf32.precision_at(torch.float32), tf32.ceiling) == 370.0
+
+
+@needs_gpu
+def test_default_version_keeps_the_precision_and_takes_v5_from_its_batch():
+    def x(B, dt):
+        return torch.zeros(2, B, 3, dtype=dt, device="cuda")
+    n = kgru.V5_MIN_BATCH
+    assert kgru._default(x(n, torch.bfloat16)) == kgru._default(x(n, torch.float16)) == "v5"
+    assert kgru._default(x(n - 1, torch.bfloat16)) == "v3"
+    assert kgru._default(x(4 * n, torch.float32)) == "v3", "float32 must never default to TF32"
+    assert kgru._default(x(4 * n, torch.float64)) == "v2"
