@@ -15,6 +15,8 @@
 //   gates.cu    gates_kernel, the fused pointwise gate kernel of v1/v2 and the decoder step ("gru_gates")
 //   v3.cu       the persistent kernel of v3 and v4 (RB = 2 / 4), its plan and launcher; built once per dtype and
 //               RB (// lab:variants dtype=f32,f16,bf16 rb=2,4): "gru_v3_plan@f32,2", "gru_v3@bf16,4", ...
+//   v5.cu       the persistent tensor-core kernel of v5, its plan and launcher; built once per dtype
+//               (// lab:variants dtype=f32,f16,bf16; f32 multiplies in TF32): "gru_v5_plan@bf16", "gru_v5@f32", ...
 //   decoder.cu  decoder_prep_kernel, the decoder step's token pick and gathers ("gru_decoder_prep")
 //   cpp_src/gru/cpu.cpp  the C++ CPU version (version 0) and the CPU loops of gru_gates and decoder_prep
 //
@@ -29,6 +31,9 @@
 //       grid meets at one grid.sync(). The input projection is still one cuBLAS GEMM before the launch.
 //   v4: v3 with four batch rows per pass (12 independent FMA chains instead of 6) and the lane reduction as a
 //       reduce-scatter (13 shuffles per 4 rows instead of 48 for a butterfly): the same work, less exposed latency.
+//   v5: v3's loop with h_{t-1} W_hh^T on tensor cores (mma.sync: fp16/bf16 as stored, TF32 on float32 tensors), the
+//       block's W_hh slice in shared memory, the gates applied from the mma fragments; eight warp grids, one chosen
+//       per (batch, hidden) by a step-time estimate (v5.cu's header has the split and the napkin math).
 //
 // v3/v4 work split (H = 512, fp32, 132 SMs, 256 threads a block, one block per SM):
 //   - a block owns Hb = 256/S hidden units and Bb batch rows; a unit's 3 rows of W_hh (r, z, n) are spread over S

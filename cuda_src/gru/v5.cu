@@ -244,44 +244,29 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
 
       // 4. h W_hh^T on tensor cores: this warp's 16 rows x 8 units x 3 gates over every WK-th 64-byte block of K.
       //    Two accumulator sets (the two k-halves of a block): six independent mma chains instead of three.
+      //    Tried and measured slower (7eeb01f, H100): loading the fragments one block ahead into a second register
+      //    set, 3-6% slower at every batch (128 registers instead of 118).
       const bool live = wm * 16 < nr;
       float acc[3][4] = {}, acc2[3][4] = {};
-      if (live && wk < nkb) {
-        // Fragments are loaded one 64-byte block ahead (registers double-buffered): the first H100 build issued each
-        // block's ldmatrix right before its mma and stalled on it ("wait" and short-scoreboard stalls, ncu).
-        uint32_t fa[2][4], fb[3][4];
-        const auto load = [&](int kb, uint32_t (&xa)[2][4], uint32_t (&xb)[3][4]) {
-          lab::ldmatrix_x4(xa[0], a_addr + kb * 64);
-          lab::ldmatrix_x4(xa[1], a_addr + kb * 64 + 32);
-#pragma unroll
-          for (int g = 0; g < 3; ++g) lab::ldmatrix_x4(xb[g], b_addr[g] + kb * 64);
-        };
-        load(wk, fa, fb);
-#pragma unroll 2
+      if (live) {
+#pragma unroll 4
         for (int kb = wk; kb < nkb; kb += WK) {
-          uint32_t na[2][4], nq[3][4];
-          const bool more = kb + WK < nkb;
-          if (more) load(kb + WK, na, nq);
+          uint32_t a0[4], a1[4];
+          lab::ldmatrix_x4(a0, a_addr + kb * 64);
+          lab::ldmatrix_x4(a1, a_addr + kb * 64 + 32);
           if constexpr (sizeof(T) == 4) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              fa[0][e] = lab::round_tf32(__uint_as_float(fa[0][e]));
-              fa[1][e] = lab::round_tf32(__uint_as_float(fa[1][e]));
+              a0[e] = lab::round_tf32(__uint_as_float(a0[e]));
+              a1[e] = lab::round_tf32(__uint_as_float(a1[e]));
             }
           }
 #pragma unroll
           for (int g = 0; g < 3; ++g) {
-            mma_step(acc[g], fa[0], fb[g][0], fb[g][1], T());
-            mma_step(acc2[g], fa[1], fb[g][2], fb[g][3], T());
-          }
-          if (more) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              fa[0][e] = na[0][e];
-              fa[1][e] = na[1][e];
-#pragma unroll
-              for (int g = 0; g < 3; ++g) fb[g][e] = nq[g][e];
-            }
+            uint32_t b[4];
+            lab::ldmatrix_x4(b, b_addr[g] + kb * 64);
+            mma_step(acc[g], a0, b[0], b[1], T());
+            mma_step(acc2[g], a1, b[2], b[3], T());
           }
         }
 #pragma unroll
