@@ -125,6 +125,8 @@ def test_v5_every_config_matches_float64_nn_gru(dtype, shape):
         ran.append(cfg)
     assert ran, "no configuration of v5 fits"
     assert kgru.v5_plan(B, H, dtype)["config"] in ran
+    got = kgru.gru(x, h0, params, version="v5", grid_sync=True)      # the first design's exchange: one grid barrier
+    verify.assert_close(got, ref, dtype, precision=precision, what="v5 with grid.sync")
 
 
 @needs_gpu
@@ -306,12 +308,23 @@ def test_each_version_is_held_to_the_ceiling_of_the_units_it_runs_on():
     assert peak_for(ceil, torch.float32, tf32.precision_at(torch.float32), tf32.ceiling) == 370.0
 
 
+def test_default_version_keeps_the_precision_and_follows_the_batch():
+    n4, n5 = kgru.V4_MIN_BATCH, kgru.V5_MIN_BATCH
+    assert kgru.default_version(torch.bfloat16, n5) == kgru.default_version(torch.float16, n5) == "v5"
+    assert kgru.default_version(torch.bfloat16, n5 - 1) == "v4" and kgru.default_version(torch.bfloat16, n4 - 1) == "v3"
+    assert kgru.default_version(torch.float32, 4 * n5) == "v4", "float32 must never default to TF32 (v5)"
+    assert kgru.default_version(torch.float32, 1) == "v3"
+    assert kgru.default_version(torch.float64, 64) == "v2"
+    assert kgru.default_version(torch.float32, 64, cuda=False) == "cpu"
+    assert kgru._default(torch.zeros(2, n5, 3, dtype=torch.bfloat16)) == "cpu"
+
+
 @needs_gpu
-def test_default_version_keeps_the_precision_and_takes_v5_from_its_batch():
-    def x(B, dt):
-        return torch.zeros(2, B, 3, dtype=dt, device="cuda")
-    n = kgru.V5_MIN_BATCH
-    assert kgru._default(x(n, torch.bfloat16)) == kgru._default(x(n, torch.float16)) == "v5"
-    assert kgru._default(x(n - 1, torch.bfloat16)) == "v3"
-    assert kgru._default(x(4 * n, torch.float32)) == "v3", "float32 must never default to TF32"
-    assert kgru._default(x(4 * n, torch.float64)) == "v2"
+def test_v5_slice_counters_and_grid_barrier_give_the_same_bits():
+    # the two ways v5 meets between steps change only who waits for whom, not one operation: any missing wait shows
+    # up as a bit difference (h read before it was written)
+    for dt, B in ((torch.bfloat16, 256), (torch.float32, 130), (torch.float16, 3)):
+        x, h0, params = _inputs(9, B, 40, 200, L=2, dtype=dt, device="cuda", seed=B)
+        a = kgru.gru(x, h0, params, version="v5")
+        b = kgru.gru(x, h0, params, version="v5", grid_sync=True)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (dt, B)

@@ -4,7 +4,8 @@
 //
 //   gru_forward(x, h0, params, out, h_n, version, config)  nn.GRU's forward: (seq_len, batch, input) -> out, h_n.
 //       version 0: C++ on the CPU (cpp_src/gru/cpu.cpp); 1..5: cuda_src/gru/'s v1..v5 (see gru.cuh's header).
-//       config: v5's warp grid (-1: the plan's choice; 0..7 force one); ignored by the other versions.
+//       config: v5's warp grid (-1: the plan's choice; 0..7 force one); grid_sync: v5 meets at one grid-wide barrier
+//       a step (cooperative_groups) instead of per-batch-slice step counters. The other versions ignore both.
 //   gru_gates(gi, gh, b_ih, b_hh, h_prev, h_out)   one GRU cell's pointwise half (gates + update), rows may be
 //       strided: the seq2seq decoder writes h straight into its [emb | h] buffer.
 //   decoder_prep(logits | tokens, tokens_out, emb, gi_table, gi_ctx, xh, gi)   the decoder step's token pick
@@ -43,7 +44,7 @@ using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_
                                void* out, int T, int B, int H, cudaStream_t stream);
 using V5PlanCuda = int (*)(int B, int H, int config, int* info);
 using V5Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
-                               void* out, int T, int B, int H, int config, cudaStream_t stream);
+                               void* out, int T, int B, int H, int config, int* counters, cudaStream_t stream);
 using DecoderPrepCuda = cudaError_t (*)(int dtype, const void* logits, int64_t ldl, int V, const int64_t* tok_in,
                                         int64_t* tok_out, const void* emb, int E, const void* gtab, const void* gctx,
                                         int G3, int vocab, void* xh, int64_t ldxh, void* gi, int B,
@@ -190,7 +191,7 @@ std::string v3_plan_error(int64_t version, int status, const int* info, int64_t 
   return o + "; use v2";
 }
 
-void layer_cuda(int64_t version, int64_t config, const at::Tensor& in, const at::Tensor& w_ih, const at::Tensor& w_hh,
+void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tensor& in, const at::Tensor& w_ih, const at::Tensor& w_hh,
                 const at::Tensor& b_ih, const at::Tensor& b_hh, const at::Tensor& h0l, at::Tensor& o) {
   const int64_t Tn = in.size(0), B = in.size(1), I = in.size(2), H = w_hh.size(1), G = 3 * H;
   const int dt = dtype_code(in.scalar_type());
@@ -225,9 +226,11 @@ void layer_cuda(int64_t version, int64_t config, const at::Tensor& in, const at:
   if (version == 5) {  // cuda_src/gru/v5.cu, the variant of this dtype
     static const char* dts[3] = {"f32", "f16", "bf16"};
     const V5Cuda gru_v5 = lab::launcher<V5Cuda>(lab::cat("gru_v5@", dts[dt]));
+    // the per-batch-slice step counters (at most one slice per batch row), zeroed on this stream
+    const at::Tensor counters = grid_sync ? at::Tensor() : at::zeros({B}, in.options().dtype(at::kInt));
     LAB_CUDA_CHECK(gru_v5(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
                           h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), lab::check_int32(Tn, "seq_len"), b,
-                          h, int(config), st),
+                          h, int(config), grid_sync ? nullptr : counters.data_ptr<int>(), st),
                    "gru v5 persistent tensor-core kernel (cooperative launch)");
     return;
   }
@@ -267,7 +270,7 @@ void layer_cpu(const at::Tensor& in, const at::Tensor& w_ih, const at::Tensor& w
 // ---- gru_forward ------------------------------------------------------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::optional<at::Tensor>& h0,
                                                const std::vector<at::Tensor>& params, at::Tensor out, at::Tensor h_n,
-                                               int64_t version, int64_t config) {
+                                               int64_t version, int64_t config, bool grid_sync) {
   const std::pair<int64_t, int64_t> dims = check_forward(x, h0, params, out, h_n);
   const int64_t L = dims.first, H = dims.second;
   lab::check_version(x, "x", version, 1, kMaxVersion, "gru");
@@ -298,7 +301,7 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
                                         lab::check_int32(H, "hidden"), info);
         LAB_CHECK_VALUE(status == 0, v3_plan_error(version, status, info, B, H, x.scalar_type()));
       }
-      layer_cuda(version, config, in, w_ih, w_hh, b_ih, b_hh, h0l, o);
+      layer_cuda(version, config, grid_sync, in, w_ih, w_hh, b_ih, b_hh, h0l, o);
       h_n.select(0, l).copy_(o.select(0, Tn - 1));
 #else
       LAB_NO_CUDA_BUILD("gru_forward");
@@ -534,7 +537,7 @@ py::dict v5_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t con
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "GRU family: nn.GRU forward (version 0 = C++ CPU, 1..5 = CUDA), the decoder step's pieces";
   m.def("gru_forward", lab::bind(gru_forward),
-        "gru_forward(x, h0|None, params, out, h_n, version, config) -> (out, h_n)");
+        "gru_forward(x, h0|None, params, out, h_n, version, config, grid_sync) -> (out, h_n)");
   m.def("gru_gates", lab::bind(gru_gates_op),
         "gru_gates(gi, gh|None, b_ih|None, b_hh, h_prev|None, h_out) -> h_out");
   m.def("decoder_prep", lab::bind(decoder_prep),

@@ -67,7 +67,20 @@ struct V5Args {
   int Ph, Bb;        // hidden-unit slices (block index % Ph), batch rows per block
   int wm, wn, wk;    // the warp grid (kCfgs)
   int gi_bufs;       // 2: the input projections double-buffered (prefetched across the barrier); 1 where 2 do not fit
+  int* counters;     // per batch slice, zeroed before the launch: the slice's blocks count finished steps here;
+                     // nullptr: one grid-wide barrier a step instead (cooperative_groups grid.sync())
 };
+
+// The step's exchange, per batch slice. A block needs h_{t-1} only for its own batch rows, which the Ph blocks of its
+// slice write; so it waits for those Ph blocks, not for the whole grid. After its last h_t store a block's thread 0
+// fences (the block's stores, ordered before it by the __syncthreads, become visible at GPU scope: the pattern
+// cooperative_groups' grid.sync() uses) and counts the step done; before reading h_t, thread 0 of every block of the
+// slice spins until the count reaches Ph * (t + 1). Counts only grow, so no reset between steps.
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 
 // The mma of the storage type on one 32-byte step of K: a = 16 rows x 32 B of h, (b0, b1) = 8 W rows x 32 B.
 __device__ __forceinline__ void mma_step(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float) {
@@ -221,7 +234,16 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
       }
     }
     lab::cp_async_commit();
-    if (t > 0) cg::this_grid().sync();  // every block's h_{t-1} is written (the one barrier of the step)
+    if (t > 0) {  // h_{t-1} of this block's rows is written: by its slice's blocks, or by every block (grid.sync)
+      if (a.counters) {
+        if (tid == 0)
+          while (ld_acquire(a.counters + blockIdx.x / a.Ph) < a.Ph * t) {
+          }
+        __syncthreads();
+      } else {
+        cg::this_grid().sync();
+      }
+    }
     const T* hsrc = t == 0 ? h0 : out + int64_t(t - 1) * B * H;
 
     for (int c0 = 0; c0 < nb; c0 += BC) {
@@ -313,6 +335,13 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
           own[1] = hn[1];
           store2(out + (int64_t(t) * B + b0 + bb) * H + ju, hn[0], hn[1], pair_out, has1);
         }
+      }
+    }
+    if (a.counters && t + 1 < a.T) {  // this step's h_t is stored: count it for the slice
+      __syncthreads();
+      if (tid == 0) {
+        __threadfence();
+        atomicAdd(a.counters + blockIdx.x / a.Ph, 1);
       }
     }
   }
@@ -427,15 +456,16 @@ int gru_v5_plan(int B, int H, int config, int* info) {
   return p.status;
 }
 
+// counters: at least batch ints, zeroed (the per-slice step counts); nullptr: grid.sync() each step.
 cudaError_t gru_v5(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0, void* out,
-                   int T, int B, int H, int config, cudaStream_t stream) {
+                   int T, int B, int H, int config, int* counters, cudaStream_t stream) {
   using namespace gru;
   if (T == 0 || B == 0) return cudaSuccess;
   const V5Plan p = make_v5_plan(B, H, config);
   if (p.status == 3) return cudaErrorCooperativeLaunchTooLarge;
   if (p.status) return cudaErrorInvalidConfiguration;
   const Cfg k = kCfgs[p.cfg];
-  V5Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.kp, p.ld, p.ph, p.bb, k.wm, k.wn, k.wk, p.gi_bufs};
+  V5Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.kp, p.ld, p.ph, p.bb, k.wm, k.wn, k.wk, p.gi_bufs, counters};
   void* args[] = {&a};
   cudaLaunchAttribute attr[1];  // cooperative, through the launch-attribute API (graph-capturable): as v3
   attr[0].id = cudaLaunchAttributeCooperative;

@@ -39,28 +39,37 @@ def ext():
     return build.load(FAMILY)
 
 
-# From this batch up, v5 (tensor cores) is the default for float16/bfloat16; below it v3, whose step is shorter where
-# there is little work (H100, hidden 512: v3 ahead at batch 1-32, v5 from 64; results/ and notebook 03 hold the
-# measured crossover). float32 stays on v3 at every batch: v5 multiplies float32 in TF32, never taken silently.
+# The default CUDA version by dtype and batch, from the H100's measurements (results/ and notebook 03 hold them):
+# v3 where there is little work a step (its pass over a pair of rows is the shortest); v4 from V4_MIN_BATCH (more
+# independent FMAs a pass: ahead of v3 from batch 32 in every dtype); for float16/bfloat16, v5 (tensor cores) from
+# V5_MIN_BATCH. float32 never defaults to v5: v5 multiplies float32 in TF32, never taken silently.
+V4_MIN_BATCH = 32
 V5_MIN_BATCH = 48
 
 
-def _default(x: torch.Tensor) -> str:
-    if not x.is_cuda:
+def default_version(dtype: torch.dtype, batch: int, cuda: bool = True) -> str:
+    if not cuda:
         return "cpu"
-    if x.dtype in (torch.float16, torch.bfloat16) and x.dim() == 3 and x.shape[1] >= V5_MIN_BATCH:
+    if dtype not in V3_DTYPES:
+        return "v2"
+    if dtype in (torch.float16, torch.bfloat16) and batch >= V5_MIN_BATCH:
         return "v5"
-    return "v3" if x.dtype in V3_DTYPES else "v2"
+    return "v4" if batch >= V4_MIN_BATCH else "v3"
+
+
+def _default(x: torch.Tensor) -> str:
+    return default_version(x.dtype, x.shape[1] if x.dim() == 3 else 1, x.is_cuda)
 
 
 # ---- the wrapper ------------------------------------------------------------------------------------------------
 def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = None,
-        version: str | None = None, config: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+        version: str | None = None, config: int = -1, grid_sync: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """nn.GRU's forward: returns (out (seq_len, batch, hidden), h_n (num_layers, batch, hidden)).
 
     params: 4 tensors per layer (w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,)), like nn.GRU._flat_weights.
     out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' .. 'v5' (default: see _default).
-    config: v5's warp grid, 0..7 (-1: the plan's choice; v5_plan says which); the other versions ignore it.
+    config: v5's warp grid, 0..7 (-1: the plan's choice; v5_plan says which); grid_sync: v5 waits at one grid-wide
+    barrier a step (its first design) instead of for the blocks of its own batch slice. Other versions ignore both.
     """
     params = list(params)
     if out is None:
@@ -71,7 +80,8 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
         out = (torch.empty(T, B, H, dtype=x.dtype, device=x.device), torch.empty(L, B, H, dtype=x.dtype,
                                                                                 device=x.device))
     o, hn = out
-    return tuple(ext().gru_forward(x, h0, params, o, hn, version_number(version or _default(x)), config))
+    return tuple(ext().gru_forward(x, h0, params, o, hn, version_number(version or _default(x)), config,
+                                   grid_sync))
 
 
 def v3_plan(batch: int, hidden: int, dtype: torch.dtype = torch.float32, version: str = "v3") -> dict:
