@@ -14,17 +14,21 @@
 // (v3 kept it in registers: an mma operand is read through ldmatrix from shared memory instead). The 8 warps form a
 // WM x WN x WK grid: a warp computes 16 batch rows x 8 units x the 3 gates (three n8 tiles, so a lane's accumulators
 // for r, z and n are the same (row, unit) pairs) over every WK-th 64-byte block of K. Batch rows go through shared
-// memory in chunks of BC = 16*WM rows. Per chunk: copy h rows (L2, cp.async.cg) -> mma into fp32 partial sums ->
-// shared memory -> one thread per (row, unit) sums the WK partials and applies the gates (v3's gate code).
+// memory in chunks of BC = 16*WM rows. Per chunk: copy h rows (L2, cp.async.cg) -> mma into fp32 accumulators ->
+// the gates straight from the fragments (a lane's r, z, n accumulators are the same (row, unit) pairs; K-split warps
+// first hand their partial sums to the tile's warp 0 through shared memory) -> h_t stored.
+// Between steps a block waits only for the Ph blocks of its batch slice (per-slice step counters, below); the first
+// design met at one grid.sync() a step (grid_sync = true keeps it, for comparison).
 // The configurations (kCfgs) trade the unit slice (wide Hb: fewer blocks read each h row, so less L2 traffic, but
 // more W per block) against the batch chunk and the K split (small batches: K over 8 warps keeps a step's mma
 // chain short). The plan estimates each one's step time and takes the cheapest that fits; `config` forces one.
 //
-// Napkin math, H = 512, bf16, B = 128 (the encoder's largest benchmarked batch but one): a step is
-// 2 * 128 * 1536 * 512 = 201 MFLOP, ~0.4 us at a third of the dense bf16 rate; each block reads its rows of h
-// (16 rows x 1 KB = 16 KB at Hb = 32, Pb = 8: 2 MB a step from L2 over the chip). So the step is the grid barrier
-// (~1-2 us measured on this H100) plus a few hundred ns of loads, mma and gates: the barrier, not arithmetic, bounds
-// it, as for v3 at small batch.
+// Napkin math, H = 512, bf16, B = 128: a step is 2 * 128 * 1536 * 512 = 201 MFLOP, ~0.4 us at a third of the dense
+// bf16 rate; each block reads its rows of h (16 rows x 1 KB at Hb = 32, Pb = 8: 2 MB a step from L2 over the chip).
+// What the H100 measured instead (ncu, notebook 03 and the issue notes): a step several times that, the tensor pipe
+// a few percent busy, warps stalled on the barrier and on fixed-latency dependencies. A step is a chain of
+// latencies -- wait for the slice, copy h from L2, the mma chain, the gates, the stores and their fence -- with one
+// block of 8 warps per SM to overlap them; arithmetic is not the bound.
 //
 // Fragments. h rows and W rows are stored K-contiguous with a 16-byte pad per row (row pitch an odd multiple of 16
 // bytes modulo 128: the 8 row addresses of an ldmatrix phase hit distinct bank groups). One 64-byte block of K is
@@ -389,16 +393,16 @@ inline V5Plan plan_cfg(int B, int H, int c, int sms, int optin) {
     return p;
   }
   // One chunk is a chain of latencies (copy from L2, mma, gates), so chunks multiply the step; the mma term is the
-  // longer of a warp's chain and the SM's tensor pipe shared by the live warps. Constants fitted to the first H100
-  // sweep of all eight grids (bf16, hidden 512, batch 1-256: the pick within 6% of the best measured at every batch).
+  // longer of a warp's chain and the SM's tensor pipe shared by the live warps. Constants fitted to an H100 sweep of
+  // every grid that fits (6525554: bf16 and TF32, hidden 512, batch 1-256, per-slice counters): at each of those 12
+  // points the pick is within 3% of the fastest grid measured.
   const int chunks = (p.bb + p.bc - 1) / p.bc;
   const int rows = p.bb < p.bc ? p.bb : p.bc;
   const int live_m = k.wm < (rows + 15) / 16 ? k.wm : (rows + 15) / 16, live_tiles = k.wn * live_m;
   const int items = (rows * p.hb + 32 * live_tiles - 1) / (32 * live_tiles);  // gate items per lane
   const int nkb = p.kp * es / 64, kbs = (nkb + p.wk - 1) / p.wk;
-  const double chain = 60.0 * kbs, pipe = 2.0 * live_tiles * nkb * 6;  // ns
-  const double per_chunk = 1000.0 + double(rows) * H * es / 50.0 + (chain > pipe ? chain : pipe) +
-                           (p.wk > 1 ? 300.0 : 0.0) + 40.0 * items;
+  const double chain = 30.0 * kbs, pipe = 3.0 * live_tiles * nkb * 6;  // ns
+  const double per_chunk = 500.0 + double(rows) * H * es / 50.0 + (chain > pipe ? chain : pipe) + 20.0 * items;
   p.cost_ns = int(chunks * per_chunk + double(p.ph) * B * H * es / 4000.0);
   return p;
 }
