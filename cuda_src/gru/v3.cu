@@ -5,7 +5,7 @@
 // one RB: rb=2 is v3 (rows in pairs, butterfly), rb=4 is v4 (rows in fours, reduce-scatter). The binding picks
 // "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" by version and dtype. The plan asks the occupancy API about the
 // kernel it would launch, so plan and launch live here together.
-#include "gru.cuh"
+#include "persistent.cuh"
 
 // cooperative_groups.h without the libcu++ headers it would pull in (cuda/std/type_traits, cuda/atomic): the unit
 // needs only this_grid().sync(), and those headers were ~2.2 of this unit's ~5 s nvcc run on the 2-core machine.
@@ -16,19 +16,7 @@
 namespace gru {
 namespace cg = cooperative_groups;
 
-// This build's variant: the storage type T of the kernels and the rows per pass RB.
-#if defined(LAB_VARIANT_dtype_f32)
-using VT = float;
-constexpr int kDtype = kF32;
-#elif defined(LAB_VARIANT_dtype_f16)
-using VT = __half;
-constexpr int kDtype = kF16;
-#elif defined(LAB_VARIANT_dtype_bf16)
-using VT = __nv_bfloat16;
-constexpr int kDtype = kBF16;
-#else
-#error "gru/v3.cu is built per variant (// lab:variants above): -DLAB_VARIANT_dtype_f32, _f16 or _bf16"
-#endif
+// This build's variant: the storage type VT of the kernels (persistent.cuh) and the rows per pass RB.
 #if defined(LAB_VARIANT_rb_2)
 constexpr int kRB = 2;
 #elif defined(LAB_VARIANT_rb_4)
@@ -36,15 +24,6 @@ constexpr int kRB = 4;
 #else
 #error "gru/v3.cu is built per variant (// lab:variants above): -DLAB_VARIANT_rb_2 or _rb_4"
 #endif
-
-// L2-only loads (ld.global.cg): h_{t-1} was written by other SMs during this launch; L1 is not coherent.
-__device__ __forceinline__ float ldcg(const float* p) { return __ldcg(p); }
-__device__ __forceinline__ __half ldcg(const __half* p) {
-  return __ushort_as_half(__ldcg(reinterpret_cast<const unsigned short*>(p)));
-}
-__device__ __forceinline__ __nv_bfloat16 ldcg(const __nv_bfloat16* p) {
-  return __ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p)));
-}
 
 // Four consecutive elements of the shared-memory h tile, widened to fp32.
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
@@ -322,17 +301,9 @@ inline Plan make_plan(int B, int H) {
   while (p.s < need) p.s *= 2;
   p.hb = kThreads / p.s;
   p.ph = (H + p.hb - 1) / p.hb;
-  int dev = 0, coop = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-    p.status = 5;
-    return p;
-  }
-  if (!coop) {
-    p.status = 4;
-    return p;
-  }
+  int optin = 0;
+  p.status = cooperative_device(&optin);
+  if (p.status) return p;
   const int sms = lab::sm_count();
   const int max_pb = sms / p.ph;  // one block per SM
   if (max_pb < 1) {
@@ -356,15 +327,8 @@ inline Plan make_plan(int B, int H) {
     return p;
   }
   p.smem = fixed + p.bc * row;
-  const void* k = v3_kernel_for<VT, kRB>(p.kpt, p.s);
-  int occ = 0;
-  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, p.smem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, kThreads, p.smem) != cudaSuccess) {
-    p.status = 5;
-    return p;
-  }
-  p.max_coresident = occ * sms;
-  if (p.blocks > p.max_coresident) p.status = 3;
+  p.status = coresident_blocks(v3_kernel_for<VT, kRB>(p.kpt, p.s), p.smem, &p.max_coresident);
+  if (p.status == 0 && p.blocks > p.max_coresident) p.status = 3;
   return p;
 }
 
@@ -392,19 +356,7 @@ cudaError_t gru_v3(const float* gi, const void* w_hh, const void* b_ih, const vo
   if (p.status) return cudaErrorInvalidConfiguration;
   V3Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.ph, p.bb, p.bc};
   void* args[] = {&a};
-  // A cooperative launch (grid.sync() needs one) through the launch-attribute API, which stream capture records
-  // into a CUDA graph kernel node like any other launch.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.blocks);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = size_t(p.smem);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelExC(&cfg, v3_kernel_for<VT, kRB>(p.kpt, p.s), args);
+  return launch_cooperative(v3_kernel_for<VT, kRB>(p.kpt, p.s), p.blocks, p.smem, stream, args);  // grid.sync()
 }
 
 LAB_EXPORTS(LAB_EXPORT("gru_v3_plan", gru_v3_plan), LAB_EXPORT("gru_v3", gru_v3))

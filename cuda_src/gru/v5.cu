@@ -35,8 +35,8 @@
 // two ldmatrix.x4 of A (16 rows x 32 bytes each) and one ldmatrix.x4 of B per gate (8 rows x 64 bytes); the same
 // byte layout serves both element sizes: 32 bytes of K are one k16 step of fp16/bf16 or one k8 step of TF32 (an
 // fp32 word is two b16 halves: ldmatrix hands lane (g, t) word t of row g, the TF32 fragment's element).
-#include "gru.cuh"
 #include "lab_gemm.cuh"
+#include "persistent.cuh"
 
 #define _CG_LIMIT_INCLUDED_DEPENDENCIES  // see v3.cu
 #include <cooperative_groups.h>
@@ -44,15 +44,6 @@
 namespace gru {
 namespace cg = cooperative_groups;
 
-#if defined(LAB_VARIANT_dtype_f32)
-using VT = float;  // float32 tensors, TF32 multiplies
-#elif defined(LAB_VARIANT_dtype_f16)
-using VT = __half;
-#elif defined(LAB_VARIANT_dtype_bf16)
-using VT = __nv_bfloat16;
-#else
-#error "gru/v5.cu is built per variant (// lab:variants above): -DLAB_VARIANT_dtype_f32, _f16 or _bf16"
-#endif
 
 // The warp grids: WM warps along batch rows (16 each), WN along hidden units (8 each), WK along K. WM*WN*WK = 8.
 struct Cfg { int wm, wn, wk; };
@@ -103,13 +94,6 @@ __device__ __forceinline__ float w_operand(float v) { return __uint_as_float(lab
 __device__ __forceinline__ __half w_operand(__half v) { return v; }
 __device__ __forceinline__ __nv_bfloat16 w_operand(__nv_bfloat16 v) { return v; }
 
-__device__ __forceinline__ float ldcg_f(const float* p) { return __ldcg(p); }
-__device__ __forceinline__ __half ldcg_f(const __half* p) {
-  return __ushort_as_half(__ldcg(reinterpret_cast<const unsigned short*>(p)));
-}
-__device__ __forceinline__ __nv_bfloat16 ldcg_f(const __nv_bfloat16* p) {
-  return __ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p)));
-}
 
 // Two adjacent elements of a row: one 4- or 8-byte store where the pair is aligned and whole, else element stores.
 __device__ __forceinline__ void store2(float* p, float a, float b, bool pair, bool second) {
@@ -261,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
         if (vec_h && (reinterpret_cast<uintptr_t>(hsrc) & 15) == 0) {
           copy_rows16(hs, ld, src, H, nr, H / E, [](int) { return true; });
         } else {
-          for (int p = tid; p < nr * H; p += kThreads) hs[(p / H) * ld + p % H] = ldcg_f(src + int64_t(p / H) * H + p % H);
+          for (int p = tid; p < nr * H; p += kThreads) hs[(p / H) * ld + p % H] = ldcg(src + int64_t(p / H) * H + p % H);
         }
       }
       lab::cp_async_commit();
@@ -409,17 +393,9 @@ inline V5Plan plan_cfg(int B, int H, int c, int sms, int optin) {
 
 inline V5Plan make_v5_plan(int B, int H, int force) {
   V5Plan best;
-  int dev = 0, coop = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-    best.status = 5;
-    return best;
-  }
-  if (!coop) {
-    best.status = 4;
-    return best;
-  }
+  int optin = 0;
+  best.status = cooperative_device(&optin);
+  if (best.status) return best;
   if (force >= kNumCfgs) {
     best.status = 6;
     return best;
@@ -434,15 +410,9 @@ inline V5Plan make_v5_plan(int B, int H, int force) {
     any = true;
   }
   if (best.status) return best;
-  const void* k = reinterpret_cast<const void*>(&gru_v5_kernel<VT>);
-  int occ = 0;
-  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, best.smem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, kThreads, best.smem) != cudaSuccess) {
-    best.status = 5;
-    return best;
-  }
-  best.max_coresident = occ * sms;
-  if (best.blocks > best.max_coresident) best.status = 3;
+  best.status = coresident_blocks(reinterpret_cast<const void*>(&gru_v5_kernel<VT>), best.smem,
+                                  &best.max_coresident);
+  if (best.status == 0 && best.blocks > best.max_coresident) best.status = 3;
   return best;
 }
 
@@ -471,17 +441,8 @@ cudaError_t gru_v5(const float* gi, const void* w_hh, const void* b_ih, const vo
   const Cfg k = kCfgs[p.cfg];
   V5Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.kp, p.ld, p.ph, p.bb, k.wm, k.wn, k.wk, p.gi_bufs, counters};
   void* args[] = {&a};
-  cudaLaunchAttribute attr[1];  // cooperative, through the launch-attribute API (graph-capturable): as v3
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.blocks);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = size_t(p.smem);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(&gru_v5_kernel<VT>), args);
+  // cooperative: the blocks of a slice wait for each other (the counters) or all of them do (grid.sync())
+  return launch_cooperative(reinterpret_cast<const void*>(&gru_v5_kernel<VT>), p.blocks, p.smem, stream, args);
 }
 
 LAB_EXPORTS(LAB_EXPORT("gru_v5_plan", gru_v5_plan), LAB_EXPORT("gru_v5", gru_v5))
