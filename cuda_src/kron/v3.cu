@@ -29,6 +29,7 @@
 // no states).
 // lab:variants dtype=f32,bf16 cfg=0,1
 #include "kron.cuh"
+#include "lab_gemm.cuh"
 #include "plan_info.h"
 
 #include <cuda_bf16.h>
@@ -60,11 +61,7 @@ template <class T> struct Mma;
 // fp32 -> TF32, rounded to nearest (ties away). The tensor core would truncate the low 13 bits instead: a bias of
 // half a TF32 ulp toward zero in every operand that, over a 128-term sum and two factors, measured 3.5e-3 relative
 // error on the H100 (over TF32's 3e-3 tolerance); rounded, the errors cancel.
-__device__ __forceinline__ uint32_t tf32(float v) {
-  uint32_t u;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(v));
-  return u;
-}
+__device__ __forceinline__ uint32_t tf32(float v) { return lab::round_tf32(v); }
 
 template <> struct Mma<float> {  // m16n8k8 TF32
   static constexpr int KS = 8;   // k per mma

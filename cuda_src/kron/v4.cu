@@ -57,11 +57,7 @@ __device__ __forceinline__ uint32_t swz(int R, int r, int k) {
   return uint32_t(slab * R * 128 + (r >> 3) * 1024 + (r & 7) * 128 + ((((kb >> 4) ^ (r & 7))) << 4) + (kb & 15));
 }
 
-__device__ __forceinline__ uint32_t to_tf32(float v) {
-  uint32_t u;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(v));
-  return u;
-}
+__device__ __forceinline__ uint32_t to_tf32(float v) { return lab::round_tf32(v); }  // lab_gemm.cuh's cvt.rna
 __device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }

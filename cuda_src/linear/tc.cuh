@@ -47,33 +47,16 @@ inline bool vec2_out(const bf16* y, const bf16* b, int N) {
 
 using lab::ldmatrix_x4;
 
-__device__ __forceinline__ uint32_t round_tf32(uint32_t f) {
-  uint32_t r = f;
-#ifdef LAB_SM80
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(f)));
-#endif
-  return r;
-}
+// fp32 bits -> TF32 bits, rounded (lab_gemm.cuh's cvt.rna), for operands loaded as raw 32-bit words.
+__device__ __forceinline__ uint32_t round_tf32(uint32_t f) { return lab::round_tf32(__uint_as_float(f)); }
 
-// D (16x8, fp32) += A (16 x k) · B (k x 8). Fragments (g = lane/4, t = lane%4): c0,c1 = D[g][2t..2t+1],
-// c2,c3 = D[g+8][2t..2t+1].
+// D (16x8, fp32) += A (16 x k) · B (k x 8), the element type picking the mma (lab_gemm.cuh): TF32 m16n8k8 for float,
+// bf16 m16n8k16. Fragments (g = lane/4, t = lane%4): c0,c1 = D[g][2t..2t+1], c2,c3 = D[g+8][2t..2t+1].
 __device__ __forceinline__ void mma_16x8(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], float) {
-#ifdef LAB_SM80
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
+  lab::mma_tf32_16x8x8(c, a, b[0], b[1]);
 }
 __device__ __forceinline__ void mma_16x8(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bf16) {
-#ifdef LAB_SM80
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
+  lab::mma_bf16_16x8x16(c, a, b[0], b[1]);
 }
 
 // ---- host side: what both tensor-core units (v10.cu, v11.cu) share ------------------------------------------------
