@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
       // 4. h W_hh^T on tensor cores: this warp's 16 rows x 8 units x 3 gates over every WK-th 64-byte block of K.
       //    Two accumulator sets (the two k-halves of a block): six independent mma chains instead of three.
       //    Tried and measured slower (7eeb01f, H100): loading the fragments one block ahead into a second register
-      //    set, 3-6% slower at every batch (128 registers instead of 118).
+      //    set, 2-6% slower at every batch (128 registers instead of 118).
       const bool live = wm * 16 < nr;
       float acc[3][4] = {}, acc2[3][4] = {};
       if (live) {
