@@ -1,9 +1,9 @@
-"""GRU forward (torch.nn.GRU, gates r, z, n): the C++ CPU version, CUDA v1 / v2 / v3, and cuDNN as the baseline;
-plus the pieces of the seq2seq decoder step that runs without torch.cat (lab/models/seq2seq.py).
+"""GRU forward (torch.nn.GRU, gates r, z, n): the C++ CPU version, CUDA v1 .. v5, and cuDNN as the baseline; plus
+the pieces of the seq2seq decoder step that runs without torch.cat (lab/models/seq2seq.py).
 
 Sources: cuda_src/gru/ (gru.cuh: the header with the napkin math; gates.cu, v3.cu (v3 and v4, built per dtype and
-rows-per-pass variant), v5.cu (v5, built per dtype), decoder.cu: kernels and launchers), cpp_src/gru/gru.cpp (the binding, named checks),
-cpp_src/gru/cpu.cpp (the C++ CPU code).
+rows-per-pass variant), v5.cu (v5, built per dtype), persistent.cuh (what v3.cu and v5.cu share), decoder.cu: kernels
+and launchers), cpp_src/gru/gru.cpp (the binding, named checks), cpp_src/gru/cpu.cpp (the C++ CPU code).
 
     out, h_n = gru(x, h0, params, version="v3")
     # x: (seq_len, batch, input_size); h0: (num_layers, batch, hidden) or None (zeros);
@@ -48,6 +48,7 @@ V5_MIN_BATCH = 48
 
 
 def default_version(dtype: torch.dtype, batch: int, cuda: bool = True) -> str:
+    """The version gru() runs when none is named: 'cpu' for CPU tensors; on the GPU by dtype and batch (above)."""
     if not cuda:
         return "cpu"
     if dtype not in V3_DTYPES:
