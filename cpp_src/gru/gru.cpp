@@ -163,11 +163,13 @@ std::string v5_plan_error(int status, const int* info, int64_t B, int64_t H, at:
                            config >= 0 ? lab::cat(" with config ", config) : std::string(), " on this GPU: ");
   switch (status) {
     case 2: o += "no warp grid's W_hh slice, h chunk and gate buffers fit in one block's shared memory"; break;
-    case 3: o += lab::cat("its one-barrier-per-step design needs all ", info[9], " blocks co-resident (one per SM), ",
-                          "the GPU holds ", info[10], " at once"); break;
+    case 3: o += lab::cat("its blocks wait for each other every step, so all ", info[9], " must be co-resident (one "
+                          "per SM), the GPU holds ", info[10], " at once"); break;
     case 4: o += "the device does not support cooperative launches"; break;
     case 6: o += "config must be -1 (automatic) or 0..7"; break;
-    default: o += lab::cat("a CUDA error while planning the launch (", cudaGetErrorString(cudaGetLastError()), ")"); break;
+    default:
+      o += lab::cat("a CUDA error while planning the launch (", cudaGetErrorString(cudaGetLastError()), ")");
+      break;
   }
   return o + (H > 1024 ? "; use v2" : "; use v3 or v2");
 }
@@ -191,8 +193,9 @@ std::string v3_plan_error(int64_t version, int status, const int* info, int64_t 
   return o + "; use v2";
 }
 
-void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tensor& in, const at::Tensor& w_ih, const at::Tensor& w_hh,
-                const at::Tensor& b_ih, const at::Tensor& b_hh, const at::Tensor& h0l, at::Tensor& o) {
+void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tensor& in, const at::Tensor& w_ih,
+                const at::Tensor& w_hh, const at::Tensor& b_ih, const at::Tensor& b_hh, const at::Tensor& h0l,
+                at::Tensor& o) {
   const int64_t Tn = in.size(0), B = in.size(1), I = in.size(2), H = w_hh.size(1), G = 3 * H;
   const int dt = dtype_code(in.scalar_type());
   const int b = lab::check_int32(B, "batch"), h = lab::check_int32(H, "hidden");

@@ -48,7 +48,8 @@ namespace cg = cooperative_groups;
 // The warp grids: WM warps along batch rows (16 each), WN along hidden units (8 each), WK along K. WM*WN*WK = 8.
 struct Cfg { int wm, wn, wk; };
 constexpr int kNumCfgs = 8;
-constexpr Cfg kCfgs[kNumCfgs] = {{1, 1, 8}, {1, 2, 4}, {1, 4, 2}, {1, 8, 1}, {2, 2, 2}, {2, 4, 1}, {4, 2, 1}, {8, 1, 1}};
+constexpr Cfg kCfgs[kNumCfgs] = {{1, 1, 8}, {1, 2, 4}, {1, 4, 2}, {1, 8, 1},
+                                 {2, 2, 2}, {2, 4, 1}, {4, 2, 1}, {8, 1, 1}};
 
 struct V5Args {
   const float* gi;   // (T, B, 3H) x_t W_ih^T, fp32, no bias
@@ -172,7 +173,10 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
     lab::cp_async_wait<0>();
     __syncthreads();
     if constexpr (sizeof(T) == 4)  // TF32: round in place
-      for (int p = tid; p < 3 * Hb * Kp; p += kThreads) Ws[(p / Kp) * ld + p % Kp] = w_operand(Ws[(p / Kp) * ld + p % Kp]);
+      for (int p = tid; p < 3 * Hb * Kp; p += kThreads) {
+        T& w = Ws[(p / Kp) * ld + p % Kp];
+        w = w_operand(w);
+      }
   } else {
 #pragma unroll 4
     for (int p = tid; p < 3 * Hb * Kp; p += kThreads) {
@@ -245,7 +249,8 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
         if (vec_h && (reinterpret_cast<uintptr_t>(hsrc) & 15) == 0) {
           copy_rows16(hs, ld, src, H, nr, H / E, [](int) { return true; });
         } else {
-          for (int p = tid; p < nr * H; p += kThreads) hs[(p / H) * ld + p % H] = ldcg(src + int64_t(p / H) * H + p % H);
+          for (int p = tid; p < nr * H; p += kThreads)
+            hs[(p / H) * ld + p % H] = ldcg(src + int64_t(p / H) * H + p % H);
         }
       }
       lab::cp_async_commit();
@@ -369,7 +374,8 @@ inline V5Plan plan_cfg(int B, int H, int c, int sms, int optin) {
   p.blocks = p.ph * p.pb;
   const int tiles = k.wm * k.wn;
   for (p.gi_bufs = 2; p.gi_bufs >= 1; --p.gi_bufs) {
-    p.smem = (3 * p.hb + p.bc) * p.ld * es + (tiles * (k.wk - 1) * 12 * 32 + p.gi_bufs * p.bb * 3 * p.hb + p.bb * p.hb) * 4;
+    p.smem = (3 * p.hb + p.bc) * p.ld * es +
+             (tiles * (k.wk - 1) * 12 * 32 + p.gi_bufs * p.bb * 3 * p.hb + p.bb * p.hb) * 4;
     if (p.smem <= optin - 1024) break;
   }
   if (p.gi_bufs < 1) {
