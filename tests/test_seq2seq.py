@@ -120,3 +120,187 @@ def test_gpu_greedy_replays_from_a_cuda_graph():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(box["toks"], lab.greedy(src2))
+
+
+# ---- greedy decoding in one call (LabSeq2Seq.greedy_fused: cuda_src/gru/greedy.cu, cpp_src/gru/cpu.cpp) -----------
+def _eos_cfg(cfg, model, src):
+    """A config whose <eos> is a token the reference emits early for some rows (so rows stop at different steps)."""
+    with torch.no_grad(), kgru.precision(tf32=False):
+        toks = model.greedy(src)
+    return s2s.Config(**{**cfg.__dict__, "eos": int(toks[1, 0])})
+
+
+def _check_eos_tail(toks, eos):
+    """After a row's first <eos>, nothing but <eos>."""
+    seen = (toks == eos).cumsum(0) > 0
+    assert torch.all(toks[seen] == eos)
+
+
+def test_reference_greedy_keeps_eos_once_emitted():
+    # the reference's masking, checked against its own run without <eos>: equal up to each row's first <eos>
+    model, _ = _pair(SMALL, "cpu", torch.float64)
+    src = s2s.random_src(SMALL, 6)
+    cfg = _eos_cfg(SMALL, model, src)
+    with torch.no_grad():
+        free = model.greedy(src)
+        model.cfg = cfg
+        stop = model.greedy(src)
+    seen = (free == cfg.eos).cumsum(0) > 0
+    assert seen.any(), "the test's <eos> must occur"
+    assert torch.equal(stop[~seen], free[~seen]) and torch.all(stop[seen] == cfg.eos)
+
+
+@pytest.mark.parametrize("eos", [False, True], ids=["no_eos", "eos"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_cpu_fused_greedy_matches_reference(dtype, eos):
+    model, _ = _pair(SMALL, "cpu", dtype)
+    src = s2s.random_src(SMALL, 7, seed=4)
+    cfg = _eos_cfg(SMALL, model, src) if eos else SMALL
+    model.cfg = cfg
+    lab = s2s.LabSeq2Seq(cfg, model.state_dict())
+    with torch.no_grad():
+        want = model.greedy(src)
+        _, h_n = lab.encode(src)
+        got = lab.greedy_fused(h_n[-1])
+        stepwise = lab.greedy(src, fused=False)
+    assert got.shape == (cfg.max_len, 7) and got.dtype == torch.long
+    if eos:
+        _check_eos_tail(got, cfg.eos)
+        assert (got == cfg.eos).any()
+    if dtype == torch.float64:
+        assert torch.equal(got, want) and torch.equal(stepwise, want)
+    else:
+        _check_greedy(model, lab, src)   # fused=None on the CPU: step by step
+        assert (got != want).float().mean() < 0.05
+
+
+def test_fused_greedy_takes_nan_as_largest():
+    # torch.argmax: NaN is the largest value and the first NaN wins; a NaN bias on two rows of fc_out -> the first
+    model, _ = _pair(SMALL, "cpu")
+    with torch.no_grad():
+        model.decoder.fc_out.bias[[37, 50]] = float("nan")
+    lab = s2s.LabSeq2Seq.from_model(model)
+    src = s2s.random_src(SMALL, 3)
+    with torch.no_grad():
+        assert torch.all(model.greedy(src) == 37)
+        assert torch.all(lab.greedy(src, fused=True) == 37)
+
+
+def _fused_args(lab, B, device="cpu", dtype=torch.float32):
+    g = torch.Generator().manual_seed(2)
+    ctx = torch.randn(B, lab.cfg.hidden, generator=g).to(device, dtype)
+    H, V = lab.cfg.hidden, lab.cfg.tgt_vocab
+    return dict(ctx=ctx, gi_ctx=torch.zeros(B, 3 * H, dtype=dtype, device=device),
+                fc_ctx=torch.zeros(B, V, dtype=dtype, device=device), emb=lab.dec_emb, gi_table=lab.gi_table,
+                w_hh=lab.w_hh, b_hh=lab.b_hh, w_fc=lab.w_fc_eh, sos=1, eos=-1,
+                tokens=torch.empty(4, B, dtype=torch.long, device=device))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(sos=97), r"sos = 97 is outside the vocabulary \[0, 97\)"),
+    (dict(eos=-2), r"eos = -2 must be -1 \(none\) or inside the vocabulary \[0, 97\)"),
+    (dict(w_fc=torch.zeros(97, 35)), r"w_fc.*\(97, 36\)"),
+    (dict(gi_ctx=torch.zeros(3, 72, dtype=torch.float64)),
+     r"gi_ctx must have the same dtype as ctx \(Float\), got Double"),
+    (dict(tokens=torch.empty(4, 3, dtype=torch.int32)), r"tokens.*(Long|int64)"),
+    (dict(tokens=torch.empty(4, 2, dtype=torch.long)), r"tokens.*\(steps, batch\)"),
+])
+def test_fused_greedy_bad_input(change, message):
+    _, lab = _pair(SMALL, "cpu")
+    args = {**_fused_args(lab, 3), **change}
+    with pytest.raises((ValueError, TypeError), match=message):
+        kgru.ext().greedy_decode(*args.values())
+
+
+def _check_gpu_fused(cfg, B, seed=0, eos=False):
+    model, _ = _pair(cfg, "cuda", seed=seed)
+    src = s2s.random_src(cfg, B, "cuda", seed=seed)
+    if eos:
+        cfg = _eos_cfg(cfg, model, src)
+        model.cfg = cfg
+    lab = s2s.LabSeq2Seq(cfg, model.state_dict())
+    assert lab.fused_plan(B)["status"] == 0, lab.fused_plan(B)
+    with torch.no_grad(), kgru.precision(tf32=False):
+        _, h_n = lab.encode(src)
+        got = lab.greedy_fused(h_n[-1], out=torch.full((cfg.max_len, B), -7, dtype=torch.long, device="cuda"))
+        assert not (got == -7).any(), "every token is written, the ones after an early stop too"
+        assert torch.equal(got, lab.greedy(src)), "greedy() must take the fused path on the GPU"
+    diff = _check_greedy(model, lab, src)
+    assert diff.float().mean() < 0.05, f"{int(diff.sum())} of {diff.numel()} greedy tokens differ"
+    if eos:
+        _check_eos_tail(got, cfg.eos)
+    return got
+
+
+@needs_gpu
+@pytest.mark.parametrize("B", [1, 3, 64, 128, 130, 300])
+def test_gpu_fused_greedy_full_model(B):
+    # 130 and 300: more rows than one batch tile (128), the last tile ragged
+    _check_gpu_fused(s2s.Config(), B)
+
+
+@needs_gpu
+@pytest.mark.parametrize("B", [1, 5, 33])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gpu_fused_greedy_small_model(B, seed):
+    # hidden 24, emb 12, vocab 97 over 132 blocks: most blocks own no unit and one vocabulary row, many none
+    _check_gpu_fused(SMALL, B, seed)
+
+
+@needs_gpu
+@pytest.mark.parametrize("cfg", [SMALL, s2s.Config(max_len=12)], ids=["small", "full"])
+def test_gpu_fused_greedy_stops_at_eos(cfg):
+    got = _check_gpu_fused(cfg, 9, eos=True)
+    assert (got == got[1, 0]).any()
+
+
+@needs_gpu
+def test_gpu_fused_greedy_odd_model():
+    # odd sizes everywhere: hidden 37 (not a multiple of 4), emb 5, vocab 1009 (prime), 2 encoder layers
+    cfg = s2s.Config(src_vocab=211, tgt_vocab=1009, enc_emb=19, dec_emb=5, hidden=37, layers=2, src_len=5, max_len=9)
+    _check_gpu_fused(cfg, 7)
+
+
+@needs_gpu
+def test_gpu_fused_greedy_matches_cpu_fused():
+    # the same C++ loop's answer on the CPU, from the same context: the GPU kernel and the CPU loop agree token by
+    # token except at near-ties
+    model, lab = _pair(s2s.Config(), "cuda")
+    src = s2s.random_src(lab.cfg, 4, "cuda")
+    with torch.no_grad(), kgru.precision(tf32=False):
+        _, h_n = lab.encode(src)
+        got = lab.greedy_fused(h_n[-1])
+    cpu = s2s.LabSeq2Seq(lab.cfg, {k: v.double().cpu() for k, v in model.state_dict().items()})
+    want = cpu.greedy_fused(h_n[-1].double().cpu())
+    assert (got.cpu() != want).float().mean() < 0.05
+
+
+@needs_gpu
+def test_gpu_fused_greedy_errors():
+    _, lab = _pair(SMALL, "cuda")
+    plan = lab.fused_plan(2000)
+    assert plan["status"] == 1 and "batch <= 1024" in plan["reason"]
+    args = _fused_args(lab, 2000, "cuda")
+    with pytest.raises(ValueError, match=r"batch <= 1024.*fused=False"):
+        kgru.ext().greedy_decode(*args.values())
+    _, lab64 = _pair(SMALL, "cuda", torch.float64)
+    with pytest.raises(ValueError, match=r"runs float32 on the GPU"):
+        kgru.ext().greedy_decode(*_fused_args(lab64, 2, "cuda", torch.float64).values())
+    plan = kgru.ext().greedy_plan(8, 512, 256, 40000)   # fc_out's 40000 x 768 floats do not fit on chip
+    assert plan["status"] == 2 and "shared memory" in plan["reason"]
+
+
+@needs_gpu
+def test_gpu_fused_greedy_replays_from_a_cuda_graph():
+    from lab.timing import capture_graph
+    cfg = s2s.Config()
+    _, lab = _pair(cfg, "cuda")
+    src = s2s.random_src(cfg, 8, "cuda")
+    box = {}
+    with torch.no_grad():
+        g = capture_graph(lambda: box.__setitem__("toks", lab.greedy(src, fused=True)))
+        src2 = s2s.random_src(cfg, 8, "cuda", seed=9)
+        src.copy_(src2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(box["toks"], lab.greedy(src2, fused=True))

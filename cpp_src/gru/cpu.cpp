@@ -131,6 +131,48 @@ void decoder_gather_cpu(const int64_t* tok, const T* e, int64_t E, const T* gt, 
   });
 }
 
+// ---- greedy_decode: every step of the decoder's greedy loop (the CPU version of cuda_src/gru/greedy.cu) ----------
+// Rows are independent: parallel over rows, each running its own loop: the cell (gi_table[tok] + gi_ctx, h W_hh^T),
+// then logits = [emb[tok] | h] W_fc^T + fc_ctx, the argmax in torch's order, <eos> kept once emitted (eos >= 0).
+template <class T>
+void greedy_cpu(const T* ctx, const T* gi_ctx, const T* fc_ctx, const T* emb, const T* gi_tab, const T* w_hh,
+                const T* b_hh, const T* w_fc, int64_t* toks, int64_t B, int64_t H, int64_t E, int64_t V, int64_t Tn,
+                int64_t sos, int64_t eos) {
+  const int64_t K = E + H, G = 3 * H;
+  lab::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<T> x(static_cast<size_t>(K)), hn(static_cast<size_t>(H));  // x = [emb[tok] | h]
+    for (int64_t b = b0; b < b1; ++b) {
+      std::copy(ctx + b * H, ctx + (b + 1) * H, x.begin() + E);
+      int64_t tok = sos;
+      bool finished = false;
+      for (int64_t t = 0; t < Tn; ++t) {
+        const T* gt = gi_tab + tok * G;
+        const T* gc = gi_ctx + b * G;
+        const T* h = x.data() + E;
+        for (int64_t j = 0; j < H; ++j) {
+          const T r = sigmoid(gt[j] + gc[j] + dot(h, w_hh + j * H, H) + b_hh[j]);
+          const T z = sigmoid(gt[H + j] + gc[H + j] + dot(h, w_hh + (H + j) * H, H) + b_hh[H + j]);
+          const T hn_ = dot(h, w_hh + (2 * H + j) * H, H) + b_hh[2 * H + j];
+          const T n = std::tanh(gt[2 * H + j] + gc[2 * H + j] + r * hn_);
+          hn[size_t(j)] = n + z * (h[j] - n);
+        }
+        std::copy(hn.begin(), hn.end(), x.begin() + E);
+        std::copy(emb + tok * E, emb + (tok + 1) * E, x.begin());
+        int64_t best = 0;
+        T bv = dot(x.data(), w_fc, K) + fc_ctx[b * V];
+        for (int64_t v = 1; v < V && !std::isnan(bv); ++v) {  // torch.argmax: NaN is largest, the first max wins
+          const T val = dot(x.data(), w_fc + v * K, K) + fc_ctx[b * V + v];
+          if (std::isnan(val) || val > bv) bv = val, best = v;
+        }
+        if (finished) best = eos;
+        else if (best == eos) finished = true;
+        toks[t * B + b] = best;
+        tok = best;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 LAB_CPU_UNIT()
@@ -141,4 +183,6 @@ LAB_EXPORTS(LAB_EXPORT("gru_layer_cpu_f32", gru_layer_cpu<float, float>),
             LAB_EXPORT("decoder_tokens_cpu_f32", decoder_tokens_cpu<float>),
             LAB_EXPORT("decoder_tokens_cpu_f64", decoder_tokens_cpu<double>),
             LAB_EXPORT("decoder_gather_cpu_f32", decoder_gather_cpu<float>),
-            LAB_EXPORT("decoder_gather_cpu_f64", decoder_gather_cpu<double>))
+            LAB_EXPORT("decoder_gather_cpu_f64", decoder_gather_cpu<double>),
+            LAB_EXPORT("greedy_decode_cpu_f32", greedy_cpu<float>),
+            LAB_EXPORT("greedy_decode_cpu_f64", greedy_cpu<double>))

@@ -10,6 +10,9 @@
 //       strided: the seq2seq decoder writes h straight into its [emb | h] buffer.
 //   decoder_prep(logits | tokens, tokens_out, emb, gi_table, gi_ctx, xh, gi)   the decoder step's token pick
 //       (argmax) and gathers.
+//   greedy_decode(ctx, gi_ctx, fc_ctx, emb, gi_table, w_hh, b_hh, w_fc, sos, eos, tokens)   every step of the
+//       decoder's greedy loop in one call: one launch on the GPU (float32), a C++ loop on the CPU.
+//   greedy_plan(batch, hidden, emb_dim, vocab)       whether and how the one-launch decoder runs on this GPU.
 //   v3_plan(batch, hidden, dtype_code, version)      how v3/v4 split the work on this GPU (for the notebook).
 //   v5_plan(batch, hidden, dtype_code, config)       how v5 splits it: its configuration, slices, shared memory.
 //
@@ -17,11 +20,13 @@
 // versions run on the current stream; GEMMs go to cuBLAS through ATen: for fp16/bf16 with an fp32 output
 // (at::mm's out_dtype), so gate pre-activations are never rounded to 16 bits.
 //
-// Launchers: "gru_gates" (cuda_src/gru/gates.cu), "gru_decoder_prep" (decoder.cu), and per variant of v3.cu
+// Launchers: "gru_gates" (cuda_src/gru/gates.cu), "gru_decoder_prep" (decoder.cu), "gru_greedy_plan" /
+// "gru_greedy" (greedy.cu), and per variant of v3.cu
 // "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" (dtype f32/f16/bf16; rb 2 = v3, rb 4 = v4), per variant of
 // v5.cu "gru_v5_plan@<dtype>" / "gru_v5@<dtype>" (f32 multiplies in TF32); the CPU unit's
-// "gru_layer_cpu_<dtype>", "gru_gates_cpu_<dtype>", "decoder_tokens_cpu_<dtype>", "decoder_gather_cpu_<dtype>"
-// (f32, f64: float16/bfloat16 tensors are widened to float here, and the float result rounded back).
+// "gru_layer_cpu_<dtype>", "gru_gates_cpu_<dtype>", "decoder_tokens_cpu_<dtype>", "decoder_gather_cpu_<dtype>",
+// "greedy_decode_cpu_<dtype>" (f32, f64: float16/bfloat16 tensors are widened to float here, and the float result
+// rounded back).
 #include "lab_common.h"
 
 #include <torch/version.h>
@@ -29,6 +34,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8),
               "gru.cpp needs torch >= 2.8 (at::mm with out_dtype for fp32 output from fp16/bf16 inputs)");
@@ -49,7 +55,16 @@ using DecoderPrepCuda = cudaError_t (*)(int dtype, const void* logits, int64_t l
                                         int64_t* tok_out, const void* emb, int E, const void* gtab, const void* gctx,
                                         int G3, int vocab, void* xh, int64_t ldxh, void* gi, int B,
                                         cudaStream_t stream);
+using GreedyPlanCuda = int (*)(int B, int H, int E, int V, int* info);
+using GreedyCuda = cudaError_t (*)(const float* ctx, const float* gi_ctx, const float* fc_ctx, const float* emb,
+                                   const float* gi_tab, const float* w_hh, const float* b_hh, const float* w_fc,
+                                   float* hbuf, unsigned long long* keys, int64_t* toks, int B, int H, int E, int V,
+                                   int T, int sos, int eos, cudaStream_t stream);
 #endif
+template <class T>
+using GreedyCpu = void (*)(const T* ctx, const T* gi_ctx, const T* fc_ctx, const T* emb, const T* gi_tab,
+                           const T* w_hh, const T* b_hh, const T* w_fc, int64_t* toks, int64_t B, int64_t H,
+                           int64_t E, int64_t V, int64_t steps, int64_t sos, int64_t eos);
 template <class T>
 using LayerCpu = void (*)(const T* x, const T* w_ih, const T* w_hh, const T* b_ih, const T* b_hh, const T* h0, T* out,
                           int64_t Tn, int64_t B, int64_t I, int64_t H);
@@ -490,6 +505,121 @@ void decoder_prep(const std::optional<at::Tensor>& logits, const std::optional<a
   });
 }
 
+// ---- greedy_decode: every step of the seq2seq decoder's greedy loop in one call ----------------------------------
+// CUDA: one cooperative launch (cuda_src/gru/greedy.cu), float32; CPU: cpp_src/gru/cpu.cpp's loop, float32/float64.
+#ifdef LAB_WITH_CUDA
+// greedy.cu's info[] order
+constexpr int kGreedyInfo = 14;
+static const char* kGreedyInfoNames[kGreedyInfo] = {
+    "blocks", "units_per_block", "rows_per_block", "smem_bytes", "smem_optin", "max_coresident",
+    "a_rows_per_thread", "a_k_lanes", "a_batch_tile", "a_k_chunk", "b_rows_per_thread", "b_k_lanes", "b_batch_tile",
+    "b_k_chunk"};
+
+std::string greedy_plan_error(int status, const int* info, int64_t B, int64_t H, int64_t E, int64_t V) {
+  std::string o = lab::cat("the one-launch greedy decoder cannot run batch ", B, ", hidden ", H, ", emb ", E,
+                           ", vocab ", V, " on this GPU: ");
+  switch (status) {
+    case 1: o += lab::cat("it keeps every row's token in shared memory, so batch <= 1024"); break;
+    case 2: o += lab::cat("it keeps the decoder's weights in shared memory: a block's ", info[1], " units of W_hh and ",
+                          info[2], " rows of fc_out (", info[3], " bytes with the staging buffers) against ", info[4],
+                          " bytes a block may have"); break;
+    case 3: o += lab::cat("its blocks wait for each other every step, so all ", info[0], " must be co-resident (one "
+                          "per SM), the GPU holds ", info[5], " at once"); break;
+    case 4: o += "the device does not support cooperative launches"; break;
+    default:
+      o += lab::cat("a CUDA error while planning the launch (", cudaGetErrorString(cudaGetLastError()), ")");
+      break;
+  }
+  return o + "; decode step by step instead (LabSeq2Seq.greedy(src, fused=False))";
+}
+#endif
+
+void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Tensor& fc_ctx, const at::Tensor& emb,
+                   const at::Tensor& gi_table, const at::Tensor& w_hh, const at::Tensor& b_hh,
+                   const at::Tensor& w_fc, int64_t sos, int64_t eos, at::Tensor tokens) {
+  lab::check_dim(ctx, "ctx", 2, "(batch, hidden)");
+  lab::check_dim(emb, "emb", 2, "(vocab, emb_dim)");
+  lab::check_dim(tokens, "tokens", 2, "(steps, batch)");
+  const int64_t B = ctx.size(0), H = ctx.size(1), V = emb.size(0), E = emb.size(1), Tn = tokens.size(0);
+  lab::check_dtype(ctx, "ctx", {at::kFloat, at::kDouble});
+  using Spec = std::tuple<const at::Tensor*, const char*, std::vector<int64_t>, const char*>;
+  for (const Spec& sp : {Spec{&gi_ctx, "gi_ctx", {B, 3 * H}, "(batch, 3*hidden)"},
+                         Spec{&fc_ctx, "fc_ctx", {B, V}, "(batch, vocab)"},
+                         Spec{&emb, "emb", {V, E}, "(vocab, emb_dim)"},
+                         Spec{&gi_table, "gi_table", {V, 3 * H}, "(vocab, 3*hidden)"},
+                         Spec{&w_hh, "w_hh", {3 * H, H}, "(3*hidden, hidden)"},
+                         Spec{&b_hh, "b_hh", {3 * H}, "(3*hidden,)"},
+                         Spec{&w_fc, "w_fc", {V, E + H}, "(vocab, emb_dim + hidden)"}}) {
+    const at::Tensor& t = *std::get<0>(sp);
+    const char* name = std::get<1>(sp);
+    lab::check_shape(t, name, std::get<2>(sp), std::get<3>(sp));
+    lab::check_same_dtype(t, name, ctx, "ctx");
+    lab::check_same_device(t, name, ctx, "ctx");
+    lab::check_contiguous(t, name);
+  }
+  lab::check_contiguous(ctx, "ctx");
+  lab::check_shape(tokens, "tokens", {Tn, B}, "(steps, batch)");
+  lab::check_dtype(tokens, "tokens", {at::kLong});
+  lab::check_same_device(tokens, "tokens", ctx, "ctx");
+  lab::check_contiguous(tokens, "tokens");
+  LAB_CHECK_VALUE(V >= 1, "emb must have at least one row (the vocabulary), got shape ", lab::shape_str(emb.sizes()));
+  LAB_CHECK_VALUE(sos >= 0 && sos < V, "sos = ", sos, " is outside the vocabulary [0, ", V, ")");
+  LAB_CHECK_VALUE(eos >= -1 && eos < V, "eos = ", eos, " must be -1 (none) or inside the vocabulary [0, ", V, ")");
+  if (B == 0 || Tn == 0) return;
+  if (ctx.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+    LAB_CHECK_VALUE(ctx.scalar_type() == at::kFloat, "the one-launch greedy decoder runs float32 on the GPU, got ",
+                    ctx.scalar_type(), "; decode step by step instead (LabSeq2Seq.greedy(src, fused=False))");
+    c10::cuda::CUDAGuard guard(ctx.device());
+    const int b = lab::check_int32(B, "batch"), h = lab::check_int32(H, "hidden"), e = lab::check_int32(E, "emb_dim"),
+              v = lab::check_int32(V, "vocab");
+    lab::check_int32(3 * H * V, "3*hidden*vocab");
+    lab::check_int32((E + H) * V, "(emb_dim + hidden)*vocab");
+    int info[kGreedyInfo];
+    const int status = lab::launcher<GreedyPlanCuda>("gru_greedy_plan")(b, h, e, v, info);  // cuda_src/gru/greedy.cu
+    LAB_CHECK_VALUE(status == 0, greedy_plan_error(status, info, B, H, E, V));
+    at::Tensor hbuf = at::empty({2, B, H}, ctx.options());                    // h_t in hbuf[t & 1]
+    at::Tensor keys = at::empty({2, B}, ctx.options().dtype(at::kLong));      // the argmax merges (reset in-kernel)
+    LAB_CUDA_CHECK(lab::launcher<GreedyCuda>("gru_greedy")(
+                       ctx.data_ptr<float>(), gi_ctx.data_ptr<float>(), fc_ctx.data_ptr<float>(),
+                       emb.data_ptr<float>(), gi_table.data_ptr<float>(), w_hh.data_ptr<float>(),
+                       b_hh.data_ptr<float>(), w_fc.data_ptr<float>(), hbuf.data_ptr<float>(),
+                       reinterpret_cast<unsigned long long*>(keys.data_ptr<int64_t>()), tokens.data_ptr<int64_t>(),
+                       b, h, e, v, lab::check_int32(Tn, "steps"), int(sos), int(eos), LAB_STREAM()),
+                   "gru greedy kernel");
+#else
+    LAB_NO_CUDA_BUILD("greedy_decode");
+#endif
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES(ctx.scalar_type(), "greedy_decode_cpu", [&] {
+    lab::launcher<GreedyCpu<scalar_t>>(lab::cat("greedy_decode_cpu_", lab::dtype_suffix<scalar_t>()))(
+        ctx.data_ptr<scalar_t>(), gi_ctx.data_ptr<scalar_t>(), fc_ctx.data_ptr<scalar_t>(), emb.data_ptr<scalar_t>(),
+        gi_table.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(), b_hh.data_ptr<scalar_t>(),
+        w_fc.data_ptr<scalar_t>(), tokens.data_ptr<int64_t>(), B, H, E, V, Tn, sos, eos);
+  });
+}
+
+// The one-launch decoder's plan on this GPU (for the notebook and the model's choice of path).
+py::dict greedy_plan(int64_t batch, int64_t hidden, int64_t emb_dim, int64_t vocab) {
+  LAB_CHECK_VALUE(batch >= 1 && hidden >= 1 && emb_dim >= 0 && vocab >= 1, "batch, hidden and vocab must be >= 1 and "
+                  "emb_dim >= 0, got ", batch, ", ", hidden, ", ", vocab, ", ", emb_dim);
+  py::dict d;
+#ifdef LAB_WITH_CUDA
+  int info[kGreedyInfo];
+  const int status = lab::launcher<GreedyPlanCuda>("gru_greedy_plan")(
+      lab::check_int32(batch, "batch"), lab::check_int32(hidden, "hidden"), lab::check_int32(emb_dim, "emb_dim"),
+      lab::check_int32(vocab, "vocab"), info);
+  d["status"] = status;  // 0 fits; 1 batch > 1024; 2 shared memory; 3 not co-resident; 4 no cooperative launch;
+                         // 5 a CUDA error while asking
+  d["reason"] = status == 0 ? std::string() : greedy_plan_error(status, info, batch, hidden, emb_dim, vocab);
+  for (int i = 0; i < kGreedyInfo; ++i) d[kGreedyInfoNames[i]] = info[i];
+#else
+  LAB_NO_CUDA_BUILD("greedy_plan");
+#endif
+  return d;
+}
+
 // ---- the v3 plan, for the notebook ------------------------------------------------------------------------------
 // A dict: the plan's status and its split, named here (v3.cu's gru_v3_plan fills info[] in the order of kInfoNames).
 // dtype_code: 0 float32, 1 float16, 2 bfloat16.
@@ -545,6 +675,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gru_gates(gi, gh|None, b_ih|None, b_hh, h_prev|None, h_out) -> h_out");
   m.def("decoder_prep", lab::bind(decoder_prep),
         "decoder_prep(logits|None, tokens|None, tokens_out|None, emb, gi_table, gi_ctx, xh, gi)");
+  m.def("greedy_decode", lab::bind(greedy_decode),
+        "greedy_decode(ctx, gi_ctx, fc_ctx, emb, gi_table, w_hh, b_hh, w_fc, sos, eos, tokens) -> None: every step "
+        "of a greedy decode (tokens: (steps, batch) out)");
+  m.def("greedy_plan", lab::bind(greedy_plan),
+        "greedy_plan(batch, hidden, emb_dim, vocab) -> {status, reason, blocks, units_per_block, rows_per_block, "
+        "smem_bytes, smem_optin, max_coresident, a_/b_rows_per_thread, a_/b_k_lanes, a_/b_batch_tile, a_/b_k_chunk}");
   m.def("v3_plan", lab::bind(v3_plan),
         "v3_plan(batch, hidden, dtype_code, version) -> {status, kpt, lanes_per_unit, units_per_block, hidden_slices, "
         "batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, max_coresident}");

@@ -17,8 +17,11 @@
 //               RB (// lab:variants dtype=f32,f16,bf16 rb=2,4): "gru_v3_plan@f32,2", "gru_v3@bf16,4", ...
 //   v5.cu       the persistent tensor-core kernel of v5, its plan and launcher; built once per dtype
 //               (// lab:variants dtype=f32,f16,bf16; f32 multiplies in TF32): "gru_v5_plan@bf16", "gru_v5@f32", ...
-//   persistent.cuh  what v3.cu and v5.cu share: the variant's storage type, coherent loads, the cooperative launch
+//   persistent.cuh  what v3.cu and v5.cu share: the variant's storage type, coherent loads (and cooperative.cuh)
+//   cooperative.cuh the host side of a cooperative launch (v3.cu, v5.cu, greedy.cu)
 //   decoder.cu  decoder_prep_kernel, the decoder step's token pick and gathers ("gru_decoder_prep")
+//   greedy.cu   greedy_kernel: every step of the seq2seq decoder's greedy loop in one cooperative launch, the
+//               decoder's weights in shared memory ("gru_greedy_plan", "gru_greedy"; its header has the design)
 //   cpp_src/gru/cpu.cpp  the C++ CPU version (version 0) and the CPU loops of gru_gates and decoder_prep
 //
 // Versions (each adds one idea to the one before):

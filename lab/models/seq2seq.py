@@ -17,7 +17,10 @@ What the lab model changes (lab/kernels/gru.py, cuda_src/gru/: decoder.cu, gates
                           the token gather writes on the left and the GRU gate kernel writes on the right;
 - per step: decoder_prep (argmax of the previous logits = the greedy pick, fused with the gathers of the next
   token's embedding and input projection), h W_hh^T (cuBLAS), the gate kernel (in place into xh), and one addmm for
-  fc_out onto the per-sentence term (cuBLAS). Four launches a step, no copies.
+  fc_out onto the per-sentence term (cuBLAS). Four launches a step, no copies;
+- greedy decoding on the GPU runs every step in one launch (cuda_src/gru/greedy.cu, `LabSeq2Seq.greedy_fused`):
+  the decoder's weights stay in shared memory across the steps, the argmax merges across blocks with one atomic per
+  row and block, and the launch ends when every row has emitted <eos>.
 
 Its study (lab/studies/seq2seq.py): the decoder-step and greedy-decode benchmarks, extras of the gru family, and
 the before/after profile of notebooks/04_seq2seq.ipynb.
@@ -44,6 +47,7 @@ class Config:
     src_len: int = 30
     max_len: int = 30      # greedy decoding length
     sos: int = 1           # start-of-sentence id
+    eos: int | None = None  # end-of-sentence id: a row that emits it emits it from then on (None: no such token)
 
 
 # =================================================================================================================
@@ -104,10 +108,14 @@ class Seq2Seq(nn.Module):
         context = self.context(src)
         hidden = context
         tok = torch.full((src.shape[1],), self.cfg.sos, dtype=torch.long, device=src.device)
+        done = torch.zeros(src.shape[1], dtype=torch.bool, device=src.device) if self.cfg.eos is not None else None
         toks, logs = [], []
         for _ in range(max_len):
             logits, hidden = self.decoder(tok, hidden, context)
             tok = logits.argmax(1)
+            if done is not None:                    # after <eos>, <eos> (no host sync: every step still runs)
+                tok = tok.masked_fill(done, self.cfg.eos)
+                done = done | (tok == self.cfg.eos)
             toks.append(tok)
             if return_logits:
                 logs.append(logits)
@@ -174,6 +182,8 @@ class LabSeq2Seq:
             self.gi_table = (self.dec_emb @ w_ih[:, :E].t()).contiguous()              # (vocab, 3H)
         if not 0 <= cfg.sos < cfg.tgt_vocab:
             raise ValueError(f"cfg.sos = {cfg.sos} is outside the target vocabulary [0, {cfg.tgt_vocab})")
+        if cfg.eos is not None and not 0 <= cfg.eos < cfg.tgt_vocab:
+            raise ValueError(f"cfg.eos = {cfg.eos} is outside the target vocabulary [0, {cfg.tgt_vocab})")
 
     @classmethod
     def from_model(cls, model: Seq2Seq, version: str | None = None) -> "LabSeq2Seq":
@@ -231,11 +241,19 @@ class LabSeq2Seq:
             out[t] = self.step(st, tokens=trg[t])
         return out
 
-    def greedy(self, src, max_len: int | None = None) -> torch.Tensor:
-        """Greedy decoding, like Seq2Seq.greedy: tokens (max_len, batch). No host synchronisation inside."""
+    def greedy(self, src, max_len: int | None = None, fused: bool | None = None) -> torch.Tensor:
+        """Greedy decoding, like Seq2Seq.greedy: tokens (max_len, batch). No host synchronisation inside.
+
+        fused: True runs every decoder step in one call (`greedy_fused`: one launch on the GPU); False step by step
+        (4 launches a step); None (default) fused where `fused_plan` says it runs: CUDA, float32, weights fit on chip.
+        """
         max_len = max_len or self.cfg.max_len
         B = src.shape[1]
+        if fused is None:
+            fused = self.fused_plan(B).get("status") == 0
         _, h_n = self.encode(src)
+        if fused:
+            return self.greedy_fused(h_n[-1], max_len)
         st = self.start(h_n[-1])
         toks = torch.empty(max_len, B, dtype=torch.long, device=src.device)
         sos = torch.full((B,), self.cfg.sos, dtype=torch.long, device=src.device)
@@ -243,4 +261,31 @@ class LabSeq2Seq:
         for t in range(1, max_len):
             self.step(st, tokens_out=toks[t - 1])    # argmax of step t-1 = input of step t
         self.pick(st, tokens_out=toks[max_len - 1])
+        if self.cfg.eos is not None:                 # after a row's first <eos>, <eos>
+            toks.masked_fill_((toks == self.cfg.eos).cumsum(0) > 0, self.cfg.eos)
         return toks
+
+    def greedy_fused(self, context: torch.Tensor, max_len: int | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+        """Every step of a greedy decode from the encoder's context (batch, H) in one call: on the GPU one cooperative
+        launch (cuda_src/gru/greedy.cu: cell, fc_out, argmax and the next token's gathers, the weights on chip, a
+        stop when every row has emitted <eos>); on the CPU the C++ loop of cpp_src/gru/cpu.cpp. tokens (max_len, B),
+        written into `out` when given."""
+        max_len = max_len or self.cfg.max_len
+        ctx = context.contiguous()
+        gi_ctx = torch.addmm(self.b_ih, ctx, self.w_ih_ctx.t())                      # (batch, 3H)
+        fc_ctx = torch.addmm(self.b_fc, ctx, self.w_fc_ctx.t())                      # (batch, vocab)
+        toks = torch.empty(max_len, ctx.shape[0], dtype=torch.long, device=ctx.device) if out is None else out
+        eos = -1 if self.cfg.eos is None else self.cfg.eos
+        kgru.ext().greedy_decode(ctx, gi_ctx, fc_ctx, self.dec_emb, self.gi_table, self.w_hh, self.b_hh,
+                                 self.w_fc_eh, self.cfg.sos, eos, toks)
+        return toks
+
+    def fused_plan(self, batch: int) -> dict:
+        """How the one-launch decoder would run `batch` rows on this model's GPU ({"status": 0, ...} when it runs;
+        otherwise "reason" says why). {"status": -1, "reason": ...} off the GPU or outside float32."""
+        if self.device.type != "cuda" or self.dec_emb.dtype != torch.float32:
+            return {"status": -1, "reason": f"the one-launch decoder runs float32 CUDA tensors, the model is "
+                                            f"{self.dec_emb.dtype} on {self.device.type}"}
+        with torch.cuda.device(self.device):
+            return dict(kgru.ext().greedy_plan(batch, self.cfg.hidden, self.cfg.dec_emb, self.cfg.tgt_vocab))

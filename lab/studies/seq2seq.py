@@ -2,7 +2,8 @@
 and the before/after profile of notebooks/04_seq2seq.ipynb.
 
     bench_decoder_step    one decoder step, reference (embedding, 2 cats, cuDNN GRU, Linear) against the lab's
-    bench_greedy_decode   greedy decoding of 30 tokens end to end, encoder included
+    bench_greedy_decode   greedy decoding of 30 tokens end to end, encoder included: step by step ('lab') and with
+                          every decoder step in one launch ('lab.fused', cuda_src/gru/greedy.cu)
                           (`python -m lab bench gru --extra decoder_step`, the report)
     profile_breakdown     self device time per operator, reference ('before') and lab ('after'), per phase
     plot_breakdown        its figure, results/<device>/plots/gru_seq2seq_profile.png
@@ -85,15 +86,21 @@ def bench_decoder_step(device, record: bool = True, quick: bool = False, cfg: Co
 
 
 def bench_greedy_decode(device, record: bool = True, quick: bool = False, cfg: Config = Config()) -> list[dict]:
-    """Greedy decoding of 30 tokens end to end (encoder included), reference against the lab model."""
+    """Greedy decoding of 30 tokens end to end (encoder included), reference against the lab model: 'lab' decodes
+    step by step (4 launches a step), 'lab.fused' runs every decoder step in one launch (GPU only)."""
     rows = []
     for B in _batches(device, quick):
         model = build_model(cfg, device)
         lab = LabSeq2Seq.from_model(model)
         src = random_src(cfg, B, device)
+        fns = {"reference": lambda: model.greedy(src), "lab": lambda: lab.greedy(src, fused=False)}
+        plan = lab.fused_plan(B)
+        if plan["status"] == 0:
+            fns["lab.fused"] = lambda: lab.greedy(src, fused=True)
+        elif torch.device(device).type == "cuda":
+            print(f"[lab] greedy_decode lab.fused batch={B}: not run: {plan['reason']}", flush=True)
         with torch.no_grad():
-            rows += _bench("greedy_decode", {"reference": lambda: model.greedy(src),
-                                             "lab": lambda: lab.greedy(src)}, B, device,
+            rows += _bench("greedy_decode", fns, B, device,
                            f"fp32 without TF32; src_len {cfg.src_len}, {cfg.max_len} tokens; L2 flushed")
     if record and rows:
         results.append(rows)

@@ -1,0 +1,376 @@
+// gru/greedy.cu — greedy decoding of the seq2seq model in one launch: the decoder's last rung (the stepwise decoder
+// is decoder.cu + gates.cu + two cuBLAS calls a step, driven from lab/models/seq2seq.py).
+//
+// One cooperative launch runs every step of a greedy decode without returning to the host:
+//   step t:  tok_t    = <sos> (t = 0) or argmax(logits_{t-1}); a row that has emitted <eos> emits it from then on
+//            h_t      = GRU cell(gi_table[tok_t] + gi_ctx, h_{t-1})          phase A: block g owns U hidden units
+//            logits_t = [emb[tok_t] | h_t] W_fc^T + fc_ctx                   phase B: block g owns R vocabulary rows
+//            argmax   = each block's best (value, index) per row, merged across the blocks by one 64-bit atomicMax
+//                       on a key that orders like torch.argmax (NaN largest, the first of equal values wins)
+//   and it stops when every row has emitted <eos> (eos >= 0), the rest of the output filled with <eos>.
+// gi_ctx (ctx W_ih_ctx^T + b_ih), fc_ctx (ctx W_fc_ctx^T + b_fc) and gi_table (emb W_ih_emb^T) are the context's and
+// the embedding's shares, made before the launch (lab/models/seq2seq.py): per step only [emb | h] meets fc_out.
+//
+// The weights stay on chip for the whole decode. Block g keeps its U = ceil(H/G) units' rows of W_hh (r, z, n: three
+// consecutive rows per unit) and its R = ceil(V/G) rows of fc_out's [emb | h] columns in shared memory. Default model
+// (H 512, E 256, V 5893) on the H100's G = 132 SMs: U = 4 (12 rows x 516 floats, 24.8 KB), R = 45 (45 rows x 772
+// floats, 139 KB): the decoder's 21 MB of weights are read from HBM once per decode, not once a step.
+// Each phase is a small tile GEMM out[b][r] = sum_k A[b][k] W[r][k] over the block's rows (tile_gemm below): A (h_{t-1}
+// or [emb[tok_t] | h_t], read from L2: other SMs wrote it) is staged in K chunks through registers into shared memory,
+// a thread accumulates TB batch rows x 3 weight rows (one unit's three gates, or three vocabulary rows), and where
+// the batch is small S lanes split K and meet with shuffles. Two grid barriers a step: after phase A (every h_t
+// written) and after phase B (every row's argmax merged).
+//
+// Napkin math (default model, fp32 FMA, 132 SMs at 128 FMA/clk and 1.98 GHz):
+//   batch 128: phase B is 128 x 45 x 768 = 4.4 M FMA a block = 34.6 k clk = 17.5 us a step at the FMA peak; phase A
+//              128 x 12 x 512 = 0.79 M FMA = 3.1 us; each block reads h (256 KB) and [emb | h] (393 KB) from L2.
+//   batch 1:   no arithmetic to speak of: two grid barriers (~1.2 us each on this H100), the L2 round trips of h and
+//              of the keys, the argmax merge.
+// Limits (the plan's status, the binding's message): batch <= kMaxBatch (tokens and flags in shared memory), both
+// weight slices and the staging buffers within the block's shared memory, all G blocks co-resident.
+#include "cooperative.cuh"
+
+// cooperative_groups.h without the libcu++ headers (v3.cu says why): only this_grid().sync() is used.
+#define _CG_LIMIT_INCLUDED_DEPENDENCIES
+#include <cooperative_groups.h>
+
+namespace gru {
+namespace cg = cooperative_groups;
+
+constexpr int kStage = 4608;     // floats per staging buffer (two of them): 128 batch rows x (32 + 4) columns
+constexpr int kMaxBatch = 1024;  // tokens and <eos> flags of every row in shared memory (8 KB)
+constexpr int kMaxTB = 8;        // batch rows per thread, at most
+constexpr int kPre = kStage / kThreads;  // staged elements per thread per chunk, at most (18)
+
+struct GreedyArgs {
+  const float* ctx;     // (B, H) the context: h_{-1}
+  const float* gi_ctx;  // (B, 3H) ctx W_ih_ctx^T + b_ih
+  const float* fc_ctx;  // (B, V) ctx W_fc_ctx^T + b_fc
+  const float* emb;     // (V, E) the decoder's embedding
+  const float* gi_tab;  // (V, 3H) emb W_ih_emb^T
+  const float* w_hh;    // (3H, H)
+  const float* b_hh;    // (3H)
+  const float* w_fc;    // (V, E + H) fc_out's [emb | h] columns
+  float* hbuf;          // (2, B, H) workspace: h_t in hbuf[t & 1]
+  unsigned long long* keys;  // (2, B) workspace: the argmax of step t merges into keys[t & 1]
+  int64_t* toks;        // (T, B) the output tokens
+  int B, H, E, V, T, sos, eos;
+  int U, R;             // hidden units and vocabulary rows a block
+};
+
+// The shape of one phase's tile GEMM over the block's `rows` weight rows and BT batch rows at a time.
+struct Tile {
+  int bt;  // batch rows a tile
+  int tb;  // batch rows a thread (1, 2, 4, 8): TB x 3 accumulators
+  int nb;  // thread groups along the batch, ceil(bt / tb)
+  int nv;  // thread groups along the rows, ceil(rows / 3)
+  int s;   // lanes that split K (a power of two <= 32; 1 once the pairs fill the block)
+  int kc;  // columns a staged chunk (a multiple of 4; bt x (kc + 4) <= kStage)
+};
+
+__host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
+
+__host__ __device__ inline Tile make_tile(int B, int rows, int K) {
+  Tile t;
+  t.nv = (rows + 2) / 3;
+  const int per = kThreads / t.nv;  // batch groups that fit beside the row groups (>= 1: the plan keeps nv <= 256)
+  t.bt = imin(B, imin(128, kMaxTB * per));
+  t.tb = 1;
+  while ((t.bt + t.tb - 1) / t.tb > per) t.tb *= 2;
+  t.nb = (t.bt + t.tb - 1) / t.tb;
+  t.s = 1;
+  while (t.s < 32 && t.nb * t.nv * t.s * 2 <= kThreads) t.s *= 2;
+  t.kc = imin((K + 3) & ~3, (kStage / t.bt - 4) & ~3);
+  return t;
+}
+
+// The argmax key: the float's bits made to order as unsigned (NaN, canonicalised, above +inf; -0 as +0), then the
+// index complemented, so that the larger key is torch.argmax's pick. No valid key is 0 (the reset value).
+__device__ __forceinline__ unsigned long long argmax_key(float v, int idx) {
+  unsigned u = __float_as_uint(v);
+  if (v != v) u = 0x7fc00000u;
+  if (u == 0x80000000u) u = 0u;
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(u) << 32) | (0xffffffffu - static_cast<unsigned>(idx));
+}
+__device__ __forceinline__ int key_index(unsigned long long key) {
+  return int(0xffffffffu - static_cast<unsigned>(key & 0xffffffffu));
+}
+
+// acc[i][c] = sum_k A[b0 + row_i][k] * Ws[3 vg + c][k], row_i = bg + nb i, for k < K (A, W zero past K), reduced over
+// the thread's S lanes (every lane ends with the sums). load(b, k) reads A[b][k] for 0 <= b < B, 0 <= k < K. A is
+// staged chunk by chunk: the next chunk's loads are in flight in registers while this one multiplies.
+// Ends with a __syncthreads(): the staging buffers are free for the caller.
+template <int TB, class LoadA>
+__device__ __forceinline__ void tile_gemm(const Tile& tl, int b0, int nrows, int K, const float* Ws, int ldw,
+                                          float* stage, const LoadA& load, float (&acc)[TB][3]) {
+  const int tid = threadIdx.x, S = tl.s, kc = tl.kc, lda = kc + 4;
+  const int p = tid / S, s = tid % S;
+  const int bg = p % tl.nb, vg = imin(p / tl.nb, tl.nv - 1);  // idle threads (p >= nb nv) run on a valid row
+  int row[TB];
+#pragma unroll
+  for (int i = 0; i < TB; ++i) row[i] = imin(bg + tl.nb * i, nrows - 1) * lda;
+  const float* w0 = Ws + (3 * vg) * ldw;
+#pragma unroll
+  for (int i = 0; i < TB; ++i) acc[i][0] = acc[i][1] = acc[i][2] = 0.f;
+
+  const int K4 = (K + 3) & ~3, nchunks = (K4 + kc - 1) / kc, n = nrows * kc;
+  // Element e of a chunk is idx = tid + e kThreads, at (idx / kc, idx % kc): stepped, not divided, per element.
+  const int r0 = tid / kc, c0 = tid % kc, dr = kThreads / kc, dc = kThreads % kc;
+  float pre[kPre];
+  auto fetch = [&](int k0) {
+    int r = r0, c = c0;
+#pragma unroll
+    for (int e = 0; e < kPre; ++e) {
+      if (tid + e * kThreads < n) pre[e] = k0 + c < K ? load(b0 + r, k0 + c) : 0.f;
+      r += dr, c += dc;
+      if (c >= kc) c -= kc, ++r;
+    }
+  };
+  auto put = [&](float* buf) {
+    int r = r0, c = c0;
+#pragma unroll
+    for (int e = 0; e < kPre; ++e) {
+      if (tid + e * kThreads < n) buf[r * lda + c] = pre[e];
+      r += dr, c += dc;
+      if (c >= kc) c -= kc, ++r;
+    }
+  };
+  __syncthreads();  // the caller's last use of the staging buffers is over
+  fetch(0);
+  put(stage);
+  __syncthreads();
+  for (int c = 0; c < nchunks; ++c) {
+    const int k0 = c * kc;
+    if (c + 1 < nchunks) fetch(k0 + kc);
+    const float* As = stage + (c & 1) * kStage;
+    const float* w = w0 + k0;
+    const int nq = imin(kc, K4 - k0) >> 2;
+    for (int q = s; q < nq; q += S) {
+      const float4 wr = *reinterpret_cast<const float4*>(w + 4 * q);
+      const float4 wz = *reinterpret_cast<const float4*>(w + ldw + 4 * q);
+      const float4 wn = *reinterpret_cast<const float4*>(w + 2 * ldw + 4 * q);
+#pragma unroll
+      for (int i = 0; i < TB; ++i) {
+        const float4 a = *reinterpret_cast<const float4*>(As + row[i] + 4 * q);
+        acc[i][0] = fmaf(a.x, wr.x, fmaf(a.y, wr.y, fmaf(a.z, wr.z, fmaf(a.w, wr.w, acc[i][0]))));
+        acc[i][1] = fmaf(a.x, wz.x, fmaf(a.y, wz.y, fmaf(a.z, wz.z, fmaf(a.w, wz.w, acc[i][1]))));
+        acc[i][2] = fmaf(a.x, wn.x, fmaf(a.y, wn.y, fmaf(a.z, wn.z, fmaf(a.w, wn.w, acc[i][2]))));
+      }
+    }
+    if (c + 1 < nchunks) put(stage + ((c + 1) & 1) * kStage);
+    __syncthreads();
+  }
+  for (int off = S >> 1; off > 0; off >>= 1)
+#pragma unroll
+    for (int i = 0; i < TB; ++i)
+#pragma unroll
+      for (int c = 0; c < 3; ++c) acc[i][c] += __shfl_xor_sync(0xffffffffu, acc[i][c], off);
+}
+
+// Phase A, one batch tile: gh = h_{t-1} W_hh^T for the block's units, then the gates; h_t into hbuf[t & 1].
+template <int TB>
+__device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int b0, const float* hprev, float* hnext,
+                                        const float* whh_s, int ldh, float* stage, const int* tok_s) {
+  const int nrows = imin(tl.bt, a.B - b0), H = a.H;
+  float acc[TB][3];
+  tile_gemm<TB>(tl, b0, nrows, H, whh_s, ldh, stage, [&](int b, int k) { return __ldcg(hprev + int64_t(b) * H + k); },
+                acc);
+  const int p = threadIdx.x / tl.s;
+  const int bg = p % tl.nb, u = p / tl.nb, j = blockIdx.x * a.U + u;
+  if (threadIdx.x % tl.s != 0 || u >= tl.nv || u >= a.U || j >= H) return;
+  const float bhr = __ldg(a.b_hh + j), bhz = __ldg(a.b_hh + H + j), bhn = __ldg(a.b_hh + 2 * H + j);
+#pragma unroll
+  for (int i = 0; i < TB; ++i) {
+    const int r = bg + tl.nb * i;
+    if (r >= nrows) break;
+    const int b = b0 + r;
+    const float* gt = a.gi_tab + int64_t(tok_s[b]) * 3 * H;
+    const float* gc = a.gi_ctx + int64_t(b) * 3 * H;
+    const float gr = __ldg(gt + j) + __ldg(gc + j), gz = __ldg(gt + H + j) + __ldg(gc + H + j),
+                gn = __ldg(gt + 2 * H + j) + __ldg(gc + 2 * H + j);
+    const float rg = sigm(gr + acc[i][0] + bhr), zg = sigm(gz + acc[i][1] + bhz);
+    const float ng = tanh_acc(gn + rg * (acc[i][2] + bhn));
+    const float hp = __ldcg(hprev + int64_t(b) * H + j);
+    hnext[int64_t(b) * H + j] = ng + zg * (hp - ng);
+  }
+}
+
+// Phase B, one batch tile: logits = [emb[tok] | h_t] W_fc^T + fc_ctx for the block's vocabulary rows, each row's
+// best (value, index) merged into keys.
+template <int TB>
+__device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int b0, const float* hcur,
+                                        unsigned long long* keys, const float* wfc_s, int ldf, float* stage,
+                                        const int* tok_s) {
+  const int nrows = imin(tl.bt, a.B - b0), H = a.H, E = a.E, K = E + H;
+  const int v0 = blockIdx.x * a.R, nvoc = imin(a.R, a.V - v0);
+  float acc[TB][3];
+  tile_gemm<TB>(tl, b0, nrows, K, wfc_s, ldf, stage, [&](int b, int k) {
+    return k < E ? __ldg(a.emb + int64_t(tok_s[b]) * E + k) : __ldcg(hcur + int64_t(b) * H + (k - E));
+  }, acc);
+  float* L = stage;  // (nrows, nvoc) logits of this tile, without fc_ctx
+  const int p = threadIdx.x / tl.s;
+  const int bg = p % tl.nb, vg = p / tl.nb;
+  if (threadIdx.x % tl.s == 0 && vg < tl.nv) {
+#pragma unroll
+    for (int i = 0; i < TB; ++i) {
+      const int r = bg + tl.nb * i;
+#pragma unroll
+      for (int c = 0; c < 3; ++c)
+        if (r < nrows && 3 * vg + c < nvoc) L[r * nvoc + 3 * vg + c] = acc[i][c];
+    }
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < nrows; r += kThreads) {
+    const int b = b0 + r;
+    const float* fc = a.fc_ctx + int64_t(b) * a.V + v0;
+    unsigned long long best = 0;
+    for (int v = 0; v < nvoc; ++v) {
+      const unsigned long long k = argmax_key(L[r * nvoc + v] + __ldg(fc + v), v0 + v);
+      best = k > best ? k : best;
+    }
+    atomicMax(keys + b, best);
+  }
+}
+
+#define LAB_TB_DISPATCH(tb, CALL) \
+  switch (tb) {                   \
+    case 1: CALL(1); break;       \
+    case 2: CALL(2); break;       \
+    case 4: CALL(4); break;       \
+    default: CALL(8); break;      \
+  }
+
+__global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a) {
+  extern __shared__ __align__(16) float smem[];
+  const int B = a.B, H = a.H, K = a.E + a.H, tid = threadIdx.x;
+  const int ldh = ((H + 3) & ~3) + 4, ldf = ((K + 3) & ~3) + 4;
+  const int rows_a = 3 * a.U, rows_b = 3 * ((a.R + 2) / 3);
+  float* whh_s = smem;                        // (3U, ldh): unit u's r, z, n rows at 3u, 3u + 1, 3u + 2
+  float* wfc_s = whh_s + rows_a * ldh;        // (rows_b, ldf)
+  float* stage = wfc_s + rows_b * ldf;        // (2, kStage)
+  int* tok_s = reinterpret_cast<int*>(stage + 2 * kStage);  // (B) this step's input tokens
+  int* fin_s = tok_s + B;                                    // (B) rows that have emitted <eos>
+
+  // The block's weights into shared memory, zero past the matrix (the tiles read whole float4s up to the padding).
+  const int j0 = blockIdx.x * a.U, v0 = blockIdx.x * a.R;
+  for (int i = tid; i < rows_a * ldh; i += kThreads) {
+    const int r = i / ldh, c = i % ldh, j = j0 + r / 3;
+    whh_s[i] = (j < H && c < H) ? a.w_hh[(int64_t(r % 3) * H + j) * H + c] : 0.f;
+  }
+  for (int i = tid; i < rows_b * ldf; i += kThreads) {
+    const int r = i / ldf, c = i % ldf;
+    wfc_s[i] = (r < a.R && v0 + r < a.V && c < K) ? a.w_fc[int64_t(v0 + r) * K + c] : 0.f;
+  }
+  for (int b = tid; b < B; b += kThreads) tok_s[b] = a.sos, fin_s[b] = 0;
+
+  const Tile ta = make_tile(B, rows_a, H), tbl = make_tile(B, rows_b, K);
+  const bool has_units = j0 < H, has_rows = v0 < a.V;
+  cg::grid_group grid = cg::this_grid();
+  for (int t = 0;; ++t) {
+    if (t > 0) {
+      grid.sync();  // h_{t-1} and every block's argmax of step t-1 are in L2
+      // The output of step t-1 is the input of step t. Every block decodes every row (the same keys, so the same
+      // decision to stop everywhere); block 0 writes the tokens.
+      const unsigned long long* kp = a.keys + ((t - 1) & 1) * B;
+      int alive = 0;
+      for (int b = tid; b < B; b += kThreads) {
+        int tok = key_index(__ldcg(kp + b));
+        if (a.eos >= 0) {
+          if (fin_s[b]) tok = a.eos;
+          else if (tok == a.eos) fin_s[b] = 1;
+          alive |= !fin_s[b];
+        }
+        tok_s[b] = tok;
+        if (blockIdx.x == 0) a.toks[int64_t(t - 1) * B + b] = tok;
+      }
+      const bool any_alive = __syncthreads_or(alive);
+      if (t == a.T) return;
+      if (a.eos >= 0 && !any_alive) {  // every row has emitted <eos>: the rest is <eos>
+        if (blockIdx.x == 0)
+          for (int64_t i = int64_t(t) * B + tid; i < int64_t(a.T) * B; i += kThreads) a.toks[i] = a.eos;
+        return;
+      }
+    } else {
+      __syncthreads();
+    }
+    // keys[t & 1] last held step t-2's argmax, decoded before this step's first barrier: reset it for phase B.
+    if (blockIdx.x == 0)
+      for (int b = tid; b < B; b += kThreads) a.keys[(t & 1) * B + b] = 0ull;
+    const float* hprev = t == 0 ? a.ctx : a.hbuf + int64_t((t - 1) & 1) * B * H;
+    float* hnext = a.hbuf + int64_t(t & 1) * B * H;
+    if (has_units) {
+      for (int b0 = 0; b0 < B; b0 += ta.bt) {
+#define LAB_PHASE_A(TB) phase_a<TB>(a, ta, b0, hprev, hnext, whh_s, ldh, stage, tok_s)
+        LAB_TB_DISPATCH(ta.tb, LAB_PHASE_A)
+#undef LAB_PHASE_A
+      }
+    }
+    grid.sync();  // every unit of h_t is written
+    if (has_rows) {
+      unsigned long long* keys = a.keys + (t & 1) * B;
+      for (int b0 = 0; b0 < B; b0 += tbl.bt) {
+#define LAB_PHASE_B(TB) phase_b<TB>(a, tbl, b0, hnext, keys, wfc_s, ldf, stage, tok_s)
+        LAB_TB_DISPATCH(tbl.tb, LAB_PHASE_B)
+#undef LAB_PHASE_B
+      }
+    }
+  }
+}
+#undef LAB_TB_DISPATCH
+
+// ---- plan and launcher ------------------------------------------------------------------------------------------
+// info (kInfo entries, the binding names them): blocks, units_per_block, rows_per_block, smem_bytes, smem_optin,
+// max_coresident, then phase A's and phase B's (rows_per_thread, k_lanes, batch_tile, k_chunk).
+constexpr int kInfo = 14;
+struct GreedyPlan {
+  int status = 0;  // 0 fits; 1 batch > kMaxBatch; 2 shared memory; 3 not co-resident; 4 no cooperative launch; 5 CUDA
+  int blocks = 0, U = 0, R = 0, smem = 0, optin = 0, coresident = 0;
+  Tile ta{}, tb{};
+};
+
+inline GreedyPlan plan(int B, int H, int E, int V) {
+  GreedyPlan p;
+  p.blocks = lab::sm_count();
+  p.U = int(lab::ceil_div(H, p.blocks));
+  p.R = int(lab::ceil_div(V, p.blocks));
+  const int K = E + H, ldh = ((H + 3) & ~3) + 4, ldf = ((K + 3) & ~3) + 4, rows_b = 3 * ((p.R + 2) / 3);
+  const int64_t smem = 4 * (int64_t(3 * p.U) * ldh + int64_t(rows_b) * ldf + 2 * kStage) + 8 * int64_t(B);
+  p.smem = int(smem > (int64_t(1) << 30) ? (int64_t(1) << 30) : smem);
+  p.ta = make_tile(B, 3 * p.U, H);
+  p.tb = make_tile(B, rows_b, K);
+  if (B > kMaxBatch) return p.status = 1, p;
+  if ((p.status = cooperative_device(&p.optin)) != 0) return p;
+  if (p.U > kThreads || rows_b / 3 > kThreads || smem > p.optin) return p.status = 2, p;
+  if (coresident_blocks(reinterpret_cast<const void*>(greedy_kernel), p.smem, &p.coresident) != 0)
+    return p.status = 5, p;
+  if (p.coresident < p.blocks) return p.status = 3, p;
+  return p;
+}
+
+}  // namespace gru
+
+// Launchers (called from cpp_src/gru/gru.cpp).
+int gru_greedy_plan(int B, int H, int E, int V, int* info) {
+  const gru::GreedyPlan p = gru::plan(B, H, E, V);
+  const int v[gru::kInfo] = {p.blocks, p.U, p.R, p.smem, p.optin, p.coresident, p.ta.tb, p.ta.s, p.ta.bt, p.ta.kc,
+                             p.tb.tb, p.tb.s, p.tb.bt, p.tb.kc};
+  for (int i = 0; i < gru::kInfo; ++i) info[i] = v[i];
+  return p.status;
+}
+
+// All float32, contiguous. hbuf: 2 B H floats of workspace; keys: 2 B of workspace; toks: (T, B) int64 out.
+cudaError_t gru_greedy(const float* ctx, const float* gi_ctx, const float* fc_ctx, const float* emb,
+                       const float* gi_tab, const float* w_hh, const float* b_hh, const float* w_fc, float* hbuf,
+                       unsigned long long* keys, int64_t* toks, int B, int H, int E, int V, int T, int sos, int eos,
+                       cudaStream_t stream) {
+  using namespace gru;
+  if (B == 0 || T == 0) return cudaSuccess;
+  const GreedyPlan p = plan(B, H, E, V);
+  if (p.status != 0) return cudaErrorInvalidConfiguration;  // the binding checks the plan first, with a message
+  GreedyArgs a{ctx, gi_ctx, fc_ctx, emb, gi_tab, w_hh, b_hh, w_fc, hbuf, keys, toks, B, H, E, V, T, sos, eos, p.U, p.R};
+  void* args[] = {&a};
+  return launch_cooperative(reinterpret_cast<const void*>(greedy_kernel), p.blocks, p.smem, stream, args);
+}
+
+LAB_EXPORTS(LAB_EXPORT("gru_greedy_plan", gru_greedy_plan), LAB_EXPORT("gru_greedy", gru_greedy))
