@@ -84,6 +84,12 @@ __host__ __device__ inline Tile make_tile(int B, int rows, int K) {
   return t;
 }
 
+__device__ __forceinline__ void cp_async4(float* smem, const float* gmem) {  // 4 B through L1: read-only inputs only
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // The argmax key: the float's bits made to order as unsigned (NaN, canonicalised, above +inf; -0 as +0), then the
 // index complemented, so that the larger key is torch.argmax's pick. No valid key is 0 (the reset value).
 __device__ __forceinline__ unsigned long long argmax_key(float v, int idx) {
@@ -168,49 +174,63 @@ __device__ __forceinline__ void tile_gemm(const Tile& tl, int b0, int nrows, int
       for (int c = 0; c < 3; ++c) acc[i][c] += __shfl_xor_sync(0xffffffffu, acc[i][c], off);
 }
 
-// Phase A, one batch tile: gh = h_{t-1} W_hh^T for the block's units, then the gates; h_t into hbuf[t & 1].
+// Phase A, one batch tile: gh = h_{t-1} W_hh^T for the block's units, then the gates; h_t into hbuf[t & 1]. The
+// gates' other inputs (the gathered input projection, h_{t-1}, b_hh) do not depend on the product: their loads are
+// issued before it, so their L2 latency hides behind the multiply.
 template <int TB>
 __device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int b0, const float* hprev, float* hnext,
                                         const float* whh_s, int ldh, float* stage, const int* tok_s) {
   const int nrows = imin(tl.bt, a.B - b0), H = a.H;
+  const int p = threadIdx.x / tl.s;
+  const int bg = p % tl.nb, u = p / tl.nb, j = blockIdx.x * a.U + u;
+  const bool gates = threadIdx.x % tl.s == 0 && u < tl.nv && u < a.U && j < H;  // this thread applies the gates
+  float gi[TB][3], hp[TB], bh[3] = {0.f, 0.f, 0.f};
+  if (gates) {
+    bh[0] = __ldg(a.b_hh + j), bh[1] = __ldg(a.b_hh + H + j), bh[2] = __ldg(a.b_hh + 2 * H + j);
+#pragma unroll
+    for (int i = 0; i < TB; ++i) {
+      const int b = b0 + imin(bg + tl.nb * i, nrows - 1);
+      const float* gt = a.gi_tab + int64_t(tok_s[b]) * 3 * H;
+      const float* gc = a.gi_ctx + int64_t(b) * 3 * H;
+#pragma unroll
+      for (int c = 0; c < 3; ++c) gi[i][c] = __ldg(gt + c * H + j) + __ldg(gc + c * H + j);
+      hp[i] = __ldcg(hprev + int64_t(b) * H + j);
+    }
+  }
   float acc[TB][3];
   tile_gemm<TB>(tl, b0, nrows, H, whh_s, ldh, stage, [&](int b, int k) { return __ldcg(hprev + int64_t(b) * H + k); },
                 acc);
-  const int p = threadIdx.x / tl.s;
-  const int bg = p % tl.nb, u = p / tl.nb, j = blockIdx.x * a.U + u;
-  if (threadIdx.x % tl.s != 0 || u >= tl.nv || u >= a.U || j >= H) return;
-  const float bhr = __ldg(a.b_hh + j), bhz = __ldg(a.b_hh + H + j), bhn = __ldg(a.b_hh + 2 * H + j);
+  if (!gates) return;
 #pragma unroll
   for (int i = 0; i < TB; ++i) {
     const int r = bg + tl.nb * i;
     if (r >= nrows) break;
-    const int b = b0 + r;
-    const float* gt = a.gi_tab + int64_t(tok_s[b]) * 3 * H;
-    const float* gc = a.gi_ctx + int64_t(b) * 3 * H;
-    const float gr = __ldg(gt + j) + __ldg(gc + j), gz = __ldg(gt + H + j) + __ldg(gc + H + j),
-                gn = __ldg(gt + 2 * H + j) + __ldg(gc + 2 * H + j);
-    const float rg = sigm(gr + acc[i][0] + bhr), zg = sigm(gz + acc[i][1] + bhz);
-    const float ng = tanh_acc(gn + rg * (acc[i][2] + bhn));
-    const float hp = __ldcg(hprev + int64_t(b) * H + j);
-    hnext[int64_t(b) * H + j] = ng + zg * (hp - ng);
+    const float rg = sigm(gi[i][0] + acc[i][0] + bh[0]), zg = sigm(gi[i][1] + acc[i][1] + bh[1]);
+    const float ng = tanh_acc(gi[i][2] + rg * (acc[i][2] + bh[2]));
+    hnext[int64_t(b0 + r) * H + j] = ng + zg * (hp[i] - ng);
   }
 }
 
-// Phase B, one batch tile: logits = [emb[tok] | h_t] W_fc^T + fc_ctx for the block's vocabulary rows, each row's
-// best (value, index) merged into keys.
+// Phase B, one batch tile: logits = [emb[tok] | h_t] W_fc^T + fc_ctx for the block's vocabulary rows, then each batch
+// row's best (value, index) over them, one warp a row, merged into keys with one atomicMax. The tile's fc_ctx is
+// copied into shared memory (cp.async, no registers: the accumulators need them) before the product, so its L2
+// latency hides behind the multiply.
 template <int TB>
 __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int b0, const float* hcur,
                                         unsigned long long* keys, const float* wfc_s, int ldf, float* stage,
-                                        const int* tok_s) {
+                                        float* fcs, const int* tok_s) {
   const int nrows = imin(tl.bt, a.B - b0), H = a.H, E = a.E, K = E + H;
   const int v0 = blockIdx.x * a.R, nvoc = imin(a.R, a.V - v0);
+  const int p = threadIdx.x / tl.s;
+  const int bg = p % tl.nb, vg = p / tl.nb;
+  __syncthreads();  // the previous tile's argmax has read fcs
+  for (int i = threadIdx.x; i < nrows * nvoc; i += kThreads)
+    cp_async4(fcs + i, a.fc_ctx + int64_t(b0 + i / nvoc) * a.V + v0 + i % nvoc);  // read-only: L1 may keep it
   float acc[TB][3];
   tile_gemm<TB>(tl, b0, nrows, K, wfc_s, ldf, stage, [&](int b, int k) {
     return k < E ? __ldg(a.emb + int64_t(tok_s[b]) * E + k) : __ldcg(hcur + int64_t(b) * H + (k - E));
   }, acc);
   float* L = stage;  // (nrows, nvoc) logits of this tile, without fc_ctx
-  const int p = threadIdx.x / tl.s;
-  const int bg = p % tl.nb, vg = p / tl.nb;
   if (threadIdx.x % tl.s == 0 && vg < tl.nv) {
 #pragma unroll
     for (int i = 0; i < TB; ++i) {
@@ -220,16 +240,21 @@ __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int
         if (r < nrows && 3 * vg + c < nvoc) L[r * nvoc + 3 * vg + c] = acc[i][c];
     }
   }
+  cp_async_wait_all();
   __syncthreads();
-  for (int r = threadIdx.x; r < nrows; r += kThreads) {
-    const int b = b0 + r;
-    const float* fc = a.fc_ctx + int64_t(b) * a.V + v0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int r = warp; r < nrows; r += kThreads / 32) {
     unsigned long long best = 0;
-    for (int v = 0; v < nvoc; ++v) {
-      const unsigned long long k = argmax_key(L[r * nvoc + v] + __ldg(fc + v), v0 + v);
+    for (int v = lane; v < nvoc; v += 32) {
+      const unsigned long long k = argmax_key(L[r * nvoc + v] + fcs[r * nvoc + v], v0 + v);
       best = k > best ? k : best;
     }
-    atomicMax(keys + b, best);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
+      best = o > best ? o : best;
+    }
+    if (lane == 0) atomicMax(keys + b0 + r, best);
   }
 }
 
@@ -249,7 +274,9 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
   float* whh_s = smem;                        // (3U, ldh): unit u's r, z, n rows at 3u, 3u + 1, 3u + 2
   float* wfc_s = whh_s + rows_a * ldh;        // (rows_b, ldf)
   float* stage = wfc_s + rows_b * ldf;        // (2, kStage)
-  int* tok_s = reinterpret_cast<int*>(stage + 2 * kStage);  // (B) this step's input tokens
+  const Tile ta = make_tile(B, rows_a, H), tbl = make_tile(B, rows_b, K);
+  float* fcs = stage + 2 * kStage;            // (tbl.bt, R): a batch tile's fc_ctx
+  int* tok_s = reinterpret_cast<int*>(fcs + tbl.bt * a.R);  // (B) this step's input tokens
   int* fin_s = tok_s + B;                                    // (B) rows that have emitted <eos>
 
   // The block's weights into shared memory, zero past the matrix (the tiles read whole float4s up to the padding).
@@ -264,7 +291,6 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
   }
   for (int b = tid; b < B; b += kThreads) tok_s[b] = a.sos, fin_s[b] = 0;
 
-  const Tile ta = make_tile(B, rows_a, H), tbl = make_tile(B, rows_b, K);
   const bool has_units = j0 < H, has_rows = v0 < a.V;
   cg::grid_group grid = cg::this_grid();
   for (int t = 0;; ++t) {
@@ -310,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
     if (has_rows) {
       unsigned long long* keys = a.keys + (t & 1) * B;
       for (int b0 = 0; b0 < B; b0 += tbl.bt) {
-#define LAB_PHASE_B(TB) phase_b<TB>(a, tbl, b0, hnext, keys, wfc_s, ldf, stage, tok_s)
+#define LAB_PHASE_B(TB) phase_b<TB>(a, tbl, b0, hnext, keys, wfc_s, ldf, stage, fcs, tok_s)
         LAB_TB_DISPATCH(tbl.tb, LAB_PHASE_B)
 #undef LAB_PHASE_B
       }
@@ -335,10 +361,11 @@ inline GreedyPlan plan(int B, int H, int E, int V) {
   p.U = int(lab::ceil_div(H, p.blocks));
   p.R = int(lab::ceil_div(V, p.blocks));
   const int K = E + H, ldh = ((H + 3) & ~3) + 4, ldf = ((K + 3) & ~3) + 4, rows_b = 3 * ((p.R + 2) / 3);
-  const int64_t smem = 4 * (int64_t(3 * p.U) * ldh + int64_t(rows_b) * ldf + 2 * kStage) + 8 * int64_t(B);
-  p.smem = int(smem > (int64_t(1) << 30) ? (int64_t(1) << 30) : smem);
   p.ta = make_tile(B, 3 * p.U, H);
   p.tb = make_tile(B, rows_b, K);
+  const int64_t smem = 4 * (int64_t(3 * p.U) * ldh + int64_t(rows_b) * ldf + 2 * kStage + int64_t(p.tb.bt) * p.R) +
+                       8 * int64_t(B);
+  p.smem = int(smem > (int64_t(1) << 30) ? (int64_t(1) << 30) : smem);
   if (B > kMaxBatch) return p.status = 1, p;
   if ((p.status = cooperative_device(&p.optin)) != 0) return p;
   if (p.U > kThreads || rows_b / 3 > kThreads || smem > p.optin) return p.status = 2, p;
