@@ -578,12 +578,29 @@ void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Te
     int info[kGreedyInfo];
     const int status = lab::launcher<GreedyPlanCuda>("gru_greedy_plan")(b, h, e, v, info);  // cuda_src/gru/greedy.cu
     LAB_CHECK_VALUE(status == 0, greedy_plan_error(status, info, B, H, E, V));
-    at::Tensor hbuf = at::empty({2, B, H}, ctx.options());                    // h_t in hbuf[t & 1]
-    at::Tensor keys = at::empty({2, B}, ctx.options().dtype(at::kLong));      // the argmax merges (reset in-kernel)
+    // The kernel copies rows of h, ctx and emb 16 bytes at a time: H and E padded to multiples of 4 with zero columns
+    // (copies, only for such sizes or for misaligned tensors), h's workspace zeroed so its pad columns are.
+    const int64_t Hp = (H + 3) / 4 * 4, Ep = (E + 3) / 4 * 4;
+    auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+    const bool pad = Hp != H || Ep != E || !aligned(ctx) || !aligned(emb) || !aligned(w_hh) || !aligned(w_fc);
+    at::Tensor ctx_p = ctx, emb_p = emb, w_hh_p = w_hh, w_fc_p = w_fc;
+    if (pad) {
+      ctx_p = at::zeros({B, Hp}, ctx.options());
+      ctx_p.narrow(1, 0, H).copy_(ctx);
+      emb_p = at::zeros({V, Ep}, ctx.options());
+      emb_p.narrow(1, 0, E).copy_(emb);
+      w_hh_p = at::zeros({3 * H, Hp}, ctx.options());
+      w_hh_p.narrow(1, 0, H).copy_(w_hh);
+      w_fc_p = at::zeros({V, Ep + Hp}, ctx.options());
+      w_fc_p.narrow(1, 0, E).copy_(w_fc.narrow(1, 0, E));
+      w_fc_p.narrow(1, Ep, H).copy_(w_fc.narrow(1, E, H));
+    }
+    at::Tensor hbuf = pad ? at::zeros({2, B, Hp}, ctx.options()) : at::empty({2, B, Hp}, ctx.options());  // h_t
+    at::Tensor keys = at::empty({2, B}, ctx.options().dtype(at::kLong));  // the argmax merges (reset in-kernel)
     LAB_CUDA_CHECK(lab::launcher<GreedyCuda>("gru_greedy")(
-                       ctx.data_ptr<float>(), gi_ctx.data_ptr<float>(), fc_ctx.data_ptr<float>(),
-                       emb.data_ptr<float>(), gi_table.data_ptr<float>(), w_hh.data_ptr<float>(),
-                       b_hh.data_ptr<float>(), w_fc.data_ptr<float>(), hbuf.data_ptr<float>(),
+                       ctx_p.data_ptr<float>(), gi_ctx.data_ptr<float>(), fc_ctx.data_ptr<float>(),
+                       emb_p.data_ptr<float>(), gi_table.data_ptr<float>(), w_hh_p.data_ptr<float>(),
+                       b_hh.data_ptr<float>(), w_fc_p.data_ptr<float>(), hbuf.data_ptr<float>(),
                        reinterpret_cast<unsigned long long*>(keys.data_ptr<int64_t>()), tokens.data_ptr<int64_t>(),
                        b, h, e, v, lab::check_int32(Tn, "steps"), int(sos), int(eos), LAB_STREAM()),
                    "gru greedy kernel");

@@ -43,18 +43,21 @@ constexpr int kMaxTB = 8;        // batch rows per thread, at most
 constexpr int kPre = kStage / kThreads;  // staged elements per thread per chunk, at most (18)
 
 struct GreedyArgs {
-  const float* ctx;     // (B, H) the context: h_{-1}
+  // Hp, Ep: H and E rounded up to 4, the row strides of h and emb (16-byte rows for cp.async; the binding pads with
+  // zero columns where they differ)
+  const float* ctx;     // (B, Hp) the context: h_{-1}
   const float* gi_ctx;  // (B, 3H) ctx W_ih_ctx^T + b_ih
   const float* fc_ctx;  // (B, V) ctx W_fc_ctx^T + b_fc
-  const float* emb;     // (V, E) the decoder's embedding
+  const float* emb;     // (V, Ep) the decoder's embedding
   const float* gi_tab;  // (V, 3H) emb W_ih_emb^T
-  const float* w_hh;    // (3H, H)
+  const float* w_hh;    // (3H, Hp)
   const float* b_hh;    // (3H)
-  const float* w_fc;    // (V, E + H) fc_out's [emb | h] columns
-  float* hbuf;          // (2, B, H) workspace: h_t in hbuf[t & 1]
+  const float* w_fc;    // (V, Ep + Hp) fc_out's [emb | h] columns
+  float* hbuf;          // (2, B, Hp) workspace: h_t in hbuf[t & 1] (its pad columns zero)
   unsigned long long* keys;  // (2, B) workspace: the argmax of step t merges into keys[t & 1]
   int64_t* toks;        // (T, B) the output tokens
   int B, H, E, V, T, sos, eos;
+  int Hp, Ep;
   int U, R;             // hidden units and vocabulary rows a block
 };
 
@@ -84,10 +87,19 @@ __host__ __device__ inline Tile make_tile(int B, int rows, int K) {
   return t;
 }
 
-__device__ __forceinline__ void cp_async4(float* smem, const float* gmem) {  // 4 B through L1: read-only inputs only
-  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem) : "memory");
+// ---- cp.async (sm_80+): copies that complete asynchronously into shared memory ---------------------------------
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
+__device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {  // 16 B, L2 only (.cg): coherent
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(float* smem, const float* gmem) {  // 4 B through L1: read-only inputs only
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // The argmax key: the float's bits made to order as unsigned (NaN, canonicalised, above +inf; -0 as +0), then the
@@ -103,13 +115,13 @@ __device__ __forceinline__ int key_index(unsigned long long key) {
   return int(0xffffffffu - static_cast<unsigned>(key & 0xffffffffu));
 }
 
-// acc[i][c] = sum_k A[b0 + row_i][k] * Ws[3 vg + c][k], row_i = bg + nb i, for k < K (A, W zero past K), reduced over
-// the thread's S lanes (every lane ends with the sums). load(b, k) reads A[b][k] for 0 <= b < B, 0 <= k < K. A is
-// staged chunk by chunk: the next chunk's loads are in flight in registers while this one multiplies.
-// Ends with a __syncthreads(): the staging buffers are free for the caller.
-template <int TB, class LoadA>
+// acc[i][c] = sum_k A[b0 + row_i][k] * Ws[3 vg + c][k], row_i = bg + nb i, k < K (a multiple of 4), reduced over
+// the thread's S lanes (every lane ends with the sums). src(b, k) is the address of A[b][k..k+3] (16-byte aligned):
+// A is staged chunk by chunk with cp.async.cg (L2, where the other SMs' h_t is; no registers, no L1), the next
+// chunk's copies in flight while this one multiplies. Ends with a __syncthreads(): the staging buffers are free.
+template <int TB, class SrcA>
 __device__ __forceinline__ void tile_gemm(const Tile& tl, int b0, int nrows, int K, const float* Ws, int ldw,
-                                          float* stage, const LoadA& load, float (&acc)[TB][3]) {
+                                          float* stage, const SrcA& src, float (&acc)[TB][3]) {
   const int tid = threadIdx.x, S = tl.s, kc = tl.kc, lda = kc + 4;
   const int p = tid / S, s = tid % S;
   const int bg = p % tl.nb, vg = imin(p / tl.nb, tl.nv - 1);  // idle threads (p >= nb nv) run on a valid row
@@ -120,52 +132,54 @@ __device__ __forceinline__ void tile_gemm(const Tile& tl, int b0, int nrows, int
 #pragma unroll
   for (int i = 0; i < TB; ++i) acc[i][0] = acc[i][1] = acc[i][2] = 0.f;
 
-  const int K4 = (K + 3) & ~3, nchunks = (K4 + kc - 1) / kc, n = nrows * kc;
-  // Element e of a chunk is idx = tid + e kThreads, at (idx / kc, idx % kc): stepped, not divided, per element.
-  const int r0 = tid / kc, c0 = tid % kc, dr = kThreads / kc, dc = kThreads % kc;
-  float pre[kPre];
-  auto fetch = [&](int k0) {
-    int r = r0, c = c0;
-#pragma unroll
-    for (int e = 0; e < kPre; ++e) {
-      if (tid + e * kThreads < n) pre[e] = k0 + c < K ? load(b0 + r, k0 + c) : 0.f;
-      r += dr, c += dc;
-      if (c >= kc) c -= kc, ++r;
+  const int nchunks = (K + kc - 1) / kc;
+  auto issue = [&](int c) {  // chunk c: rows [0, nrows) x columns [c kc, c kc + kc) of A into stage[c & 1]
+    const int k0 = c * kc, nq = imin(kc, K - k0) >> 2;
+    float* buf = stage + (c & 1) * kStage;
+    for (int i = tid; i < nrows * nq; i += kThreads) {
+      const int r = i / nq, q = i - r * nq;
+      cp_async16(buf + r * lda + 4 * q, src(b0 + r, k0 + 4 * q));
     }
-  };
-  auto put = [&](float* buf) {
-    int r = r0, c = c0;
-#pragma unroll
-    for (int e = 0; e < kPre; ++e) {
-      if (tid + e * kThreads < n) buf[r * lda + c] = pre[e];
-      r += dr, c += dc;
-      if (c >= kc) c -= kc, ++r;
-    }
+    cp_async_commit();
   };
   __syncthreads();  // the caller's last use of the staging buffers is over
-  fetch(0);
-  put(stage);
-  __syncthreads();
+  issue(0);
   for (int c = 0; c < nchunks; ++c) {
-    const int k0 = c * kc;
-    if (c + 1 < nchunks) fetch(k0 + kc);
+    if (c + 1 < nchunks) {
+      issue(c + 1);  // into the buffer chunk c - 1 used: every thread passed the barrier after reading it
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // chunk c is in shared memory, every thread's copies
+    const int k0 = c * kc, nq = imin(kc, K - k0) >> 2;
     const float* As = stage + (c & 1) * kStage;
     const float* w = w0 + k0;
-    const int nq = imin(kc, K4 - k0) >> 2;
     for (int q = s; q < nq; q += S) {
-      const float4 wr = *reinterpret_cast<const float4*>(w + 4 * q);
-      const float4 wz = *reinterpret_cast<const float4*>(w + ldw + 4 * q);
-      const float4 wn = *reinterpret_cast<const float4*>(w + 2 * ldw + 4 * q);
+      // the tile's operands first, then four rounds of TB x 3 independent FMAs (no chain within a round)
+      float4 wv[3], av[TB];
 #pragma unroll
-      for (int i = 0; i < TB; ++i) {
-        const float4 a = *reinterpret_cast<const float4*>(As + row[i] + 4 * q);
-        acc[i][0] = fmaf(a.x, wr.x, fmaf(a.y, wr.y, fmaf(a.z, wr.z, fmaf(a.w, wr.w, acc[i][0]))));
-        acc[i][1] = fmaf(a.x, wz.x, fmaf(a.y, wz.y, fmaf(a.z, wz.z, fmaf(a.w, wz.w, acc[i][1]))));
-        acc[i][2] = fmaf(a.x, wn.x, fmaf(a.y, wn.y, fmaf(a.z, wn.z, fmaf(a.w, wn.w, acc[i][2]))));
-      }
+      for (int j = 0; j < 3; ++j) wv[j] = *reinterpret_cast<const float4*>(w + j * ldw + 4 * q);
+#pragma unroll
+      for (int i = 0; i < TB; ++i) av[i] = *reinterpret_cast<const float4*>(As + row[i] + 4 * q);
+#pragma unroll
+      for (int i = 0; i < TB; ++i)
+#pragma unroll
+        for (int j = 0; j < 3; ++j) acc[i][j] = fmaf(av[i].x, wv[j].x, acc[i][j]);
+#pragma unroll
+      for (int i = 0; i < TB; ++i)
+#pragma unroll
+        for (int j = 0; j < 3; ++j) acc[i][j] = fmaf(av[i].y, wv[j].y, acc[i][j]);
+#pragma unroll
+      for (int i = 0; i < TB; ++i)
+#pragma unroll
+        for (int j = 0; j < 3; ++j) acc[i][j] = fmaf(av[i].z, wv[j].z, acc[i][j]);
+#pragma unroll
+      for (int i = 0; i < TB; ++i)
+#pragma unroll
+        for (int j = 0; j < 3; ++j) acc[i][j] = fmaf(av[i].w, wv[j].w, acc[i][j]);
     }
-    if (c + 1 < nchunks) put(stage + ((c + 1) & 1) * kStage);
-    __syncthreads();
+    __syncthreads();  // every thread is done with stage[c & 1] before chunk c + 2 is copied into it
   }
   for (int off = S >> 1; off > 0; off >>= 1)
 #pragma unroll
@@ -180,7 +194,7 @@ __device__ __forceinline__ void tile_gemm(const Tile& tl, int b0, int nrows, int
 template <int TB>
 __device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int b0, const float* hprev, float* hnext,
                                         const float* whh_s, int ldh, float* stage, const int* tok_s) {
-  const int nrows = imin(tl.bt, a.B - b0), H = a.H;
+  const int nrows = imin(tl.bt, a.B - b0), H = a.H, Hp = a.Hp;
   const int p = threadIdx.x / tl.s;
   const int bg = p % tl.nb, u = p / tl.nb, j = blockIdx.x * a.U + u;
   const bool gates = threadIdx.x % tl.s == 0 && u < tl.nv && u < a.U && j < H;  // this thread applies the gates
@@ -194,12 +208,11 @@ __device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int
       const float* gc = a.gi_ctx + int64_t(b) * 3 * H;
 #pragma unroll
       for (int c = 0; c < 3; ++c) gi[i][c] = __ldg(gt + c * H + j) + __ldg(gc + c * H + j);
-      hp[i] = __ldcg(hprev + int64_t(b) * H + j);
+      hp[i] = __ldcg(hprev + int64_t(b) * Hp + j);
     }
   }
   float acc[TB][3];
-  tile_gemm<TB>(tl, b0, nrows, H, whh_s, ldh, stage, [&](int b, int k) { return __ldcg(hprev + int64_t(b) * H + k); },
-                acc);
+  tile_gemm<TB>(tl, b0, nrows, Hp, whh_s, ldh, stage, [&](int b, int k) { return hprev + int64_t(b) * Hp + k; }, acc);
   if (!gates) return;
 #pragma unroll
   for (int i = 0; i < TB; ++i) {
@@ -207,7 +220,7 @@ __device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int
     if (r >= nrows) break;
     const float rg = sigm(gi[i][0] + acc[i][0] + bh[0]), zg = sigm(gi[i][1] + acc[i][1] + bh[1]);
     const float ng = tanh_acc(gi[i][2] + rg * (acc[i][2] + bh[2]));
-    hnext[int64_t(b0 + r) * H + j] = ng + zg * (hp[i] - ng);
+    hnext[int64_t(b0 + r) * Hp + j] = ng + zg * (hp[i] - ng);
   }
 }
 
@@ -219,7 +232,7 @@ template <int TB>
 __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int b0, const float* hcur,
                                         unsigned long long* keys, const float* wfc_s, int ldf, float* stage,
                                         float* fcs, const int* tok_s) {
-  const int nrows = imin(tl.bt, a.B - b0), H = a.H, E = a.E, K = E + H;
+  const int nrows = imin(tl.bt, a.B - b0), Hp = a.Hp, Ep = a.Ep, K = Ep + Hp;
   const int v0 = blockIdx.x * a.R, nvoc = imin(a.R, a.V - v0);
   const int p = threadIdx.x / tl.s;
   const int bg = p % tl.nb, vg = p / tl.nb;
@@ -228,7 +241,7 @@ __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int
     cp_async4(fcs + i, a.fc_ctx + int64_t(b0 + i / nvoc) * a.V + v0 + i % nvoc);  // read-only: L1 may keep it
   float acc[TB][3];
   tile_gemm<TB>(tl, b0, nrows, K, wfc_s, ldf, stage, [&](int b, int k) {
-    return k < E ? __ldg(a.emb + int64_t(tok_s[b]) * E + k) : __ldcg(hcur + int64_t(b) * H + (k - E));
+    return k < Ep ? a.emb + int64_t(tok_s[b]) * Ep + k : hcur + int64_t(b) * Hp + (k - Ep);
   }, acc);
   float* L = stage;  // (nrows, nvoc) logits of this tile, without fc_ctx
   if (threadIdx.x % tl.s == 0 && vg < tl.nv) {
@@ -268,13 +281,13 @@ __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int
 
 __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a) {
   extern __shared__ __align__(16) float smem[];
-  const int B = a.B, H = a.H, K = a.E + a.H, tid = threadIdx.x;
-  const int ldh = ((H + 3) & ~3) + 4, ldf = ((K + 3) & ~3) + 4;
+  const int B = a.B, H = a.H, Hp = a.Hp, K = a.Ep + a.Hp, tid = threadIdx.x;
+  const int ldh = Hp + 4, ldf = K + 4;  // 4 floats of padding: rows 4 banks apart
   const int rows_a = 3 * a.U, rows_b = 3 * ((a.R + 2) / 3);
   float* whh_s = smem;                        // (3U, ldh): unit u's r, z, n rows at 3u, 3u + 1, 3u + 2
   float* wfc_s = whh_s + rows_a * ldh;        // (rows_b, ldf)
   float* stage = wfc_s + rows_b * ldf;        // (2, kStage)
-  const Tile ta = make_tile(B, rows_a, H), tbl = make_tile(B, rows_b, K);
+  const Tile ta = make_tile(B, rows_a, Hp), tbl = make_tile(B, rows_b, K);
   float* fcs = stage + 2 * kStage;            // (tbl.bt, R): a batch tile's fc_ctx
   int* tok_s = reinterpret_cast<int*>(fcs + tbl.bt * a.R);  // (B) this step's input tokens
   int* fin_s = tok_s + B;                                    // (B) rows that have emitted <eos>
@@ -283,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
   const int j0 = blockIdx.x * a.U, v0 = blockIdx.x * a.R;
   for (int i = tid; i < rows_a * ldh; i += kThreads) {
     const int r = i / ldh, c = i % ldh, j = j0 + r / 3;
-    whh_s[i] = (j < H && c < H) ? a.w_hh[(int64_t(r % 3) * H + j) * H + c] : 0.f;
+    whh_s[i] = (j < H && c < Hp) ? a.w_hh[(int64_t(r % 3) * H + j) * Hp + c] : 0.f;
   }
   for (int i = tid; i < rows_b * ldf; i += kThreads) {
     const int r = i / ldf, c = i % ldf;
@@ -323,8 +336,8 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
     // keys[t & 1] last held step t-2's argmax, decoded before this step's first barrier: reset it for phase B.
     if (blockIdx.x == 0)
       for (int b = tid; b < B; b += kThreads) a.keys[(t & 1) * B + b] = 0ull;
-    const float* hprev = t == 0 ? a.ctx : a.hbuf + int64_t((t - 1) & 1) * B * H;
-    float* hnext = a.hbuf + int64_t(t & 1) * B * H;
+    const float* hprev = t == 0 ? a.ctx : a.hbuf + int64_t((t - 1) & 1) * B * Hp;
+    float* hnext = a.hbuf + int64_t(t & 1) * B * Hp;
     if (has_units) {
       for (int b0 = 0; b0 < B; b0 += ta.bt) {
 #define LAB_PHASE_A(TB) phase_a<TB>(a, ta, b0, hprev, hnext, whh_s, ldh, stage, tok_s)
@@ -360,8 +373,8 @@ inline GreedyPlan plan(int B, int H, int E, int V) {
   p.blocks = lab::sm_count();
   p.U = int(lab::ceil_div(H, p.blocks));
   p.R = int(lab::ceil_div(V, p.blocks));
-  const int K = E + H, ldh = ((H + 3) & ~3) + 4, ldf = ((K + 3) & ~3) + 4, rows_b = 3 * ((p.R + 2) / 3);
-  p.ta = make_tile(B, 3 * p.U, H);
+  const int Hp = (H + 3) & ~3, K = ((E + 3) & ~3) + Hp, ldh = Hp + 4, ldf = K + 4, rows_b = 3 * ((p.R + 2) / 3);
+  p.ta = make_tile(B, 3 * p.U, Hp);
   p.tb = make_tile(B, rows_b, K);
   const int64_t smem = 4 * (int64_t(3 * p.U) * ldh + int64_t(rows_b) * ldf + 2 * kStage + int64_t(p.tb.bt) * p.R) +
                        8 * int64_t(B);
@@ -386,7 +399,9 @@ int gru_greedy_plan(int B, int H, int E, int V, int* info) {
   return p.status;
 }
 
-// All float32, contiguous. hbuf: 2 B H floats of workspace; keys: 2 B of workspace; toks: (T, B) int64 out.
+// All float32, contiguous, 16-byte aligned; Hp, Ep = H, E rounded up to 4: ctx (B, Hp), emb (V, Ep), w_hh (3H, Hp),
+// w_fc (V, Ep + Hp), their pad columns zero. hbuf: (2, B, Hp) workspace, pad columns zero; keys: 2 B of workspace;
+// toks: (T, B) int64 out.
 cudaError_t gru_greedy(const float* ctx, const float* gi_ctx, const float* fc_ctx, const float* emb,
                        const float* gi_tab, const float* w_hh, const float* b_hh, const float* w_fc, float* hbuf,
                        unsigned long long* keys, int64_t* toks, int B, int H, int E, int V, int T, int sos, int eos,
@@ -395,8 +410,9 @@ cudaError_t gru_greedy(const float* ctx, const float* gi_ctx, const float* fc_ct
   if (B == 0 || T == 0) return cudaSuccess;
   const GreedyPlan p = plan(B, H, E, V);
   if (p.status != 0) return cudaErrorInvalidConfiguration;  // the binding checks the plan first, with a message
-  GreedyArgs a{ctx, gi_ctx, fc_ctx, emb, gi_tab, w_hh, b_hh, w_fc, hbuf, keys, toks, B, H, E, V, T, sos, eos, p.U, p.R};
-  void* args[] = {&a};
+  const GreedyArgs a{ctx, gi_ctx, fc_ctx, emb, gi_tab, w_hh, b_hh, w_fc, hbuf, keys, toks, B, H, E, V, T, sos, eos,
+                     (H + 3) & ~3, (E + 3) & ~3, p.U, p.R};
+  void* args[] = {const_cast<GreedyArgs*>(&a)};
   return launch_cooperative(reinterpret_cast<const void*>(greedy_kernel), p.blocks, p.smem, stream, args);
 }
 
