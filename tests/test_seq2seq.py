@@ -224,7 +224,7 @@ def _check_gpu_fused(cfg, B, seed=0, eos=False):
         _, h_n = lab.encode(src)
         got = lab.greedy_fused(h_n[-1], out=torch.full((cfg.max_len, B), -7, dtype=torch.long, device="cuda"))
         assert not (got == -7).any(), "every token is written, the ones after an early stop too"
-        assert torch.equal(got, lab.greedy(src)), "greedy() must take the fused path on the GPU"
+        assert torch.equal(got, lab.greedy(src, fused=True))
     diff = _check_greedy(model, lab, src)
     assert diff.float().mean() < 0.05, f"{int(diff.sum())} of {diff.numel()} greedy tokens differ"
     if eos:
@@ -273,6 +273,20 @@ def test_gpu_fused_greedy_matches_cpu_fused():
     cpu = s2s.LabSeq2Seq(lab.cfg, {k: v.double().cpu() for k, v in model.state_dict().items()})
     want = cpu.greedy_fused(h_n[-1].double().cpu())
     assert (got.cpu() != want).float().mean() < 0.05
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_greedy_default_path(device):
+    # greedy() decodes in one call up to FUSED_MAX_BATCH rows on the GPU, step by step above it and on the CPU
+    _, lab = _pair(SMALL, device)
+    calls, fused = [], lab.greedy_fused
+    lab.greedy_fused = lambda *a, **k: calls.append(1) or fused(*a, **k)
+    for B in (1, s2s.FUSED_MAX_BATCH, s2s.FUSED_MAX_BATCH + 1):
+        calls.clear()
+        with torch.no_grad(), kgru.precision(tf32=False):
+            toks = lab.greedy(s2s.random_src(SMALL, B, device))
+        assert toks.shape == (SMALL.max_len, B)
+        assert calls == ([1] if device == "cuda" and B <= s2s.FUSED_MAX_BATCH else []), (device, B)
 
 
 @needs_gpu

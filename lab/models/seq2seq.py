@@ -139,6 +139,13 @@ def random_src(cfg: Config, batch: int, device="cpu", seed: int = 0) -> torch.Te
 # =================================================================================================================
 # The lab model
 # =================================================================================================================
+# The largest batch greedy() decodes in one launch by default: the one-launch decoder (greedy.cu) was the faster at
+# batch 1 and 8 and the step-by-step one from 16 up in the H100 sweep at 3c20150 (default model, CUDA graphs, L2
+# flushed; results/<device>/results.csv has the greedy_decode rows): its per-step barriers and chain of L2 round
+# trips cost less than 4 launches a step while the batch is small, its fc_out tile runs the FMA pipe at a third of
+# its peak (ncu) against cuBLAS's GEMM once the batch is not.
+FUSED_MAX_BATCH = 8
+
 @dataclass
 class DecoderState:
     xh: torch.Tensor       # (batch, emb + H): [embedding of the step's input token | h]; fc_out reads it whole
@@ -245,12 +252,13 @@ class LabSeq2Seq:
         """Greedy decoding, like Seq2Seq.greedy: tokens (max_len, batch). No host synchronisation inside.
 
         fused: True runs every decoder step in one call (`greedy_fused`: one launch on the GPU); False step by step
-        (4 launches a step); None (default) fused where `fused_plan` says it runs: CUDA, float32, weights fit on chip.
+        (4 launches a step); None (default) fused where it is the faster of the two on the H100 (batch <=
+        FUSED_MAX_BATCH) and `fused_plan` says it runs (CUDA, float32, the weights fit on chip).
         """
         max_len = max_len or self.cfg.max_len
         B = src.shape[1]
         if fused is None:
-            fused = self.fused_plan(B).get("status") == 0
+            fused = B <= FUSED_MAX_BATCH and self.fused_plan(B).get("status") == 0
         _, h_n = self.encode(src)
         if fused:
             return self.greedy_fused(h_n[-1], max_len)

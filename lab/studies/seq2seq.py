@@ -7,11 +7,14 @@ and the before/after profile of notebooks/04_seq2seq.ipynb.
                           (`python -m lab bench gru --extra decoder_step`, the report)
     profile_breakdown     self device time per operator, reference ('before') and lab ('after'), per phase
     plot_breakdown        its figure, results/<device>/plots/gru_seq2seq_profile.png
+    ncu_greedy            Nsight Compute on the one-launch greedy decoder (rows in results/<device>/ncu.csv)
 
 Both benchmarks are timed like every other row: the L2 flushed before each repetition, eager and replayed from a
 CUDA graph (the flush runs between replays, outside the graph), speedups against the reference in the same mode.
 """
 from __future__ import annotations
+
+import sys
 
 import matplotlib.pyplot as plt
 import torch
@@ -164,6 +167,41 @@ def plot_breakdown(breakdown: dict[str, dict], title: str = "", top: int = 8, na
     return save_figure(fig, name, dpi=120)
 
 
+# =================================================================================================================
+# Nsight Compute on the one-launch greedy decoder (notebooks/04_seq2seq.ipynb, section 7)
+# =================================================================================================================
+def _ncu_child(batch: int) -> None:
+    """What ncu profiles: the decoder's launch once to warm up, then once between cudaProfilerStart and Stop."""
+    cfg = Config()
+    lab = LabSeq2Seq.from_model(build_model(cfg, "cuda"))
+    src = random_src(cfg, batch, "cuda")
+    with torch.no_grad(), kgru.precision(tf32=False):
+        _, h_n = lab.encode(src)
+        ctx = h_n[-1].contiguous()
+        lab.greedy_fused(ctx)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        lab.greedy_fused(ctx)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+
+def ncu_greedy(batch: int, device="cuda", record: bool = True) -> list[dict]:
+    """ncu rows of the one-launch greedy decoder at `batch` (the default model, 30 steps): its kernel and the two
+    per-sentence GEMMs before it; appended to results/<device>/ncu.csv with record. [] where ncu or a GPU is
+    missing (lab.profile.ncu says why)."""
+    key = {"family": kgru.FAMILY, "op": "greedy_decode", "version": "lab.fused", "shape": f"batch={batch}",
+           "dtype": "float32", "precision": "float32"}
+    return profile.ncu([sys.executable, "-m", "lab.studies.seq2seq", "ncu-child", str(batch)], key=key,
+                       device=device, record_rows=record, name=f"gru_greedy_fused_b{batch}")
+
+
 # The gru family's extras (`python -m lab bench gru --extra decoder_step`, the report): attached here, so neither
 # lab/kernels/gru.py nor the model depends on its benchmarks.
 registry.attach_extras(kgru.FAMILY, {"decoder_step": bench_decoder_step, "greedy_decode": bench_greedy_decode})
+
+
+if __name__ == "__main__":   # python -m lab.studies.seq2seq ncu-child BATCH (ncu_greedy's child process)
+    if len(sys.argv) != 3 or sys.argv[1] != "ncu-child":
+        sys.exit("usage: python -m lab.studies.seq2seq ncu-child BATCH")
+    _ncu_child(int(sys.argv[2]))
