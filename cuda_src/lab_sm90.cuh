@@ -1,8 +1,9 @@
-// lab_sm90.cuh — what the Hopper (sm_90a) matrix-product kernels share (linear v11, sparse24 v4): mbarrier, TMA
-// (cp.async.bulk.tensor) and its tensor maps, the wgmma fences and the shared-memory matrix descriptor, setmaxnreg,
-// and the operand lists of the 64- and 128-accumulator wgmma shapes. Each device wrapper compiles to nothing outside
-// sm_90a (LAB_SM90A, lab_gemm.cuh); the instructions themselves are spelled where they are used (linear/wgmma.cuh,
-// sparse24/v4.cu). Background: HOPPER.md in the tool library, and the PTX ISA's wgmma and cp.async.bulk.tensor.
+// lab_sm90.cuh — what the Hopper (sm_90a) kernels share (linear v11, sparse24 v4, gru greedy): mbarrier, bulk
+// copies, TMA (cp.async.bulk.tensor) and its tensor maps, the wgmma fences and the shared-memory matrix descriptor,
+// setmaxnreg, and the operand lists of the 64- and 128-accumulator wgmma shapes. Each device wrapper compiles to
+// nothing outside sm_90a (LAB_SM90A, lab_gemm.cuh); the instructions themselves are spelled where they are used
+// (linear/wgmma.cuh, sparse24/v4.cu). Background: HOPPER.md in the tool library, and the PTX ISA's wgmma and
+// cp.async.bulk(.tensor).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is fetched from the driver at run time)
@@ -45,6 +46,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   }
+#endif
+}
+
+// ---- bulk copy (cp.async.bulk, no tensor map): `bytes` contiguous bytes global -> shared at dst, completing on bar
+// (its transaction count); dst, src and bytes multiples of 16. ----
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#ifdef LAB_SM90A
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 #endif
 }
 

@@ -193,7 +193,7 @@ def _fused_args(lab, B, device="cpu", dtype=torch.float32):
     return dict(ctx=ctx, gi_ctx=torch.zeros(B, 3 * H, dtype=dtype, device=device),
                 fc_ctx=torch.zeros(B, V, dtype=dtype, device=device), emb=lab.dec_emb, gi_table=lab.gi_table,
                 w_hh=lab.w_hh, b_hh=lab.b_hh, w_fc=lab.w_fc_eh, sos=1, eos=-1,
-                tokens=torch.empty(4, B, dtype=torch.long, device=device))
+                tokens=torch.empty(4, B, dtype=torch.long, device=device), tokens_in=None, logits=None, h_out=None)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -204,6 +204,9 @@ def _fused_args(lab, B, device="cpu", dtype=torch.float32):
      r"gi_ctx must have the same dtype as ctx \(Float\), got Double"),
     (dict(tokens=torch.empty(4, 3, dtype=torch.int32)), r"tokens.*(Long|int64)"),
     (dict(tokens=torch.empty(4, 2, dtype=torch.long)), r"tokens.*\(steps, batch\)"),
+    (dict(logits=torch.empty(3, 96)), r"logits must have shape \(batch, vocab\) = \(3, 97\), got \(3, 96\)"),
+    (dict(tokens_in=torch.zeros(2, dtype=torch.long)), r"tokens_in must have shape \(batch,\)"),
+    (dict(h_out=torch.empty(24, 3).t()), r"h_out must have unit stride along its last dimension"),
 ])
 def test_fused_greedy_bad_input(change, message):
     _, lab = _pair(SMALL, "cpu")
@@ -318,3 +321,71 @@ def test_gpu_fused_greedy_replays_from_a_cuda_graph():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(box["toks"], lab.greedy(src2, fused=True))
+
+
+# ---- one decoder step in one call (LabSeq2Seq.step_fused: greedy_decode with one step, given tokens) ---------------
+def _check_fused_step(cfg, B, device, dtype=torch.float32):
+    model, lab = _pair(cfg, device, dtype)
+    tokens, hidden, context = _step_inputs(cfg, B, device, dtype, seed=B)
+    with torch.no_grad(), kgru.precision(tf32=False):
+        want = model.decoder(tokens, hidden, context)
+        st = lab.start(context[0])
+        st.h.copy_(hidden[0])
+        st.logits.fill_(float("nan"))
+        logits = lab.step_fused(st, tokens)
+        assert logits.data_ptr() == st.logits.data_ptr()
+        verify.assert_close((logits, st.h.unsqueeze(0)), want, dtype, what="fused decoder step (logits, hidden)")
+        got = lab.decoder_step(tokens, hidden, context, fused=True)
+        verify.assert_close(got, want, dtype, what="decoder_step(fused=True)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_cpu_fused_decoder_step(dtype):
+    _check_fused_step(SMALL, 5, "cpu", dtype)
+
+
+def test_fused_step_poisons_a_row_with_a_bad_token():
+    # no device-side assert: a token outside the vocabulary makes its row NaN (logits and h), the other rows exact
+    _, lab = _pair(SMALL, "cpu")
+    tokens, hidden, context = _step_inputs(SMALL, 3, "cpu", torch.float32)
+    tokens[1] = SMALL.tgt_vocab
+    with torch.no_grad():
+        logits, h = lab.decoder_step(tokens, hidden, context, fused=True)
+        ref_logits, ref_h = lab.decoder_step(tokens.clamp(max=SMALL.tgt_vocab - 1), hidden, context)
+    assert torch.isnan(logits[1]).all() and torch.isnan(h[0, 1]).all()
+    keep = [0, 2]
+    torch.testing.assert_close(logits[keep], ref_logits[keep])
+    torch.testing.assert_close(h[0, keep], ref_h[0, keep])
+
+
+def test_fused_step_h_out_needs_no_eos():
+    _, lab = _pair(SMALL, "cpu")
+    a = _fused_args(lab, 3)
+    a["eos"], a["h_out"] = 2, torch.empty(3, SMALL.hidden)
+    with pytest.raises(ValueError, match=r"h_out needs eos = -1"):
+        kgru.ext().greedy_decode(*a.values())
+
+
+@needs_gpu
+@pytest.mark.parametrize("B", [1, 3, 128, 130])
+def test_gpu_fused_decoder_step_full_model(B):
+    _check_fused_step(s2s.Config(), B, "cuda")
+
+
+@needs_gpu
+@pytest.mark.parametrize("cfg", [SMALL, s2s.Config(src_vocab=211, tgt_vocab=1009, enc_emb=19, dec_emb=5, hidden=37,
+                                                   layers=1, src_len=5, max_len=9)], ids=["small", "odd"])
+def test_gpu_fused_decoder_step_small_models(cfg):
+    _check_fused_step(cfg, 7, "cuda")
+
+
+@needs_gpu
+def test_gpu_fused_step_poisons_a_row_with_a_bad_token():
+    _, lab = _pair(s2s.Config(), "cuda")
+    tokens, hidden, context = _step_inputs(lab.cfg, 3, "cuda", torch.float32)
+    tokens[2] = -1
+    with torch.no_grad(), kgru.precision(tf32=False):
+        logits, h = lab.decoder_step(tokens, hidden, context, fused=True)
+        ref_logits, ref_h = lab.decoder_step(tokens.clamp(min=0), hidden, context, fused=True)
+    assert torch.isnan(logits[2]).all() and torch.isnan(h[0, 2]).all()
+    assert torch.equal(logits[:2], ref_logits[:2]) and torch.equal(h[0, :2], ref_h[0, :2])

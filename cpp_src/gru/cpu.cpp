@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -134,21 +135,27 @@ void decoder_gather_cpu(const int64_t* tok, const T* e, int64_t E, const T* gt, 
 // ---- greedy_decode: every step of the decoder's greedy loop (the CPU version of cuda_src/gru/greedy.cu) ----------
 // Rows are independent: parallel over rows, each running its own loop: the cell (gi_table[tok] + gi_ctx, h W_hh^T),
 // then logits = [emb[tok] | h] W_fc^T + fc_ctx, the argmax in torch's order, <eos> kept once emitted (eos >= 0).
+// tok_in: step 0's inputs instead of sos (a token outside [0, V) poisons its row with NaN, as on the GPU); logits and
+// h_out: the last step's (h_out may be ctx: each row is read before it is written).
 template <class T>
-void greedy_cpu(const T* ctx, const T* gi_ctx, const T* fc_ctx, const T* emb, const T* gi_tab, const T* w_hh,
-                const T* b_hh, const T* w_fc, int64_t* toks, int64_t B, int64_t H, int64_t E, int64_t V, int64_t Tn,
-                int64_t sos, int64_t eos) {
+void greedy_cpu(const T* ctx, int64_t ld_ctx, const T* gi_ctx, const T* fc_ctx, const T* emb, const T* gi_tab,
+                const T* w_hh, const T* b_hh, const T* w_fc, int64_t* toks, const int64_t* tok_in, T* logits, T* h_out,
+                int64_t ld_hout, int64_t B, int64_t H, int64_t E, int64_t V, int64_t Tn, int64_t sos, int64_t eos) {
   const int64_t K = E + H, G = 3 * H;
   lab::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
     std::vector<T> x(static_cast<size_t>(K)), hn(static_cast<size_t>(H));  // x = [emb[tok] | h]
     for (int64_t b = b0; b < b1; ++b) {
-      std::copy(ctx + b * H, ctx + (b + 1) * H, x.begin() + E);
-      int64_t tok = sos;
+      std::copy(ctx + b * ld_ctx, ctx + b * ld_ctx + H, x.begin() + E);
+      int64_t tok = tok_in ? tok_in[b] : sos;
+      const bool poisoned = tok < 0 || tok >= V;
+      if (poisoned) tok = 0;
       bool finished = false;
       for (int64_t t = 0; t < Tn; ++t) {
         const T* gt = gi_tab + tok * G;
         const T* gc = gi_ctx + b * G;
         const T* h = x.data() + E;
+        if (poisoned)
+          for (int64_t k = 0; k < K; ++k) x[size_t(k)] = std::numeric_limits<T>::quiet_NaN();
         for (int64_t j = 0; j < H; ++j) {
           const T r = sigmoid(gt[j] + gc[j] + dot(h, w_hh + j * H, H) + b_hh[j]);
           const T z = sigmoid(gt[H + j] + gc[H + j] + dot(h, w_hh + (H + j) * H, H) + b_hh[H + j]);
@@ -158,17 +165,20 @@ void greedy_cpu(const T* ctx, const T* gi_ctx, const T* fc_ctx, const T* emb, co
         }
         std::copy(hn.begin(), hn.end(), x.begin() + E);
         std::copy(emb + tok * E, emb + (tok + 1) * E, x.begin());
+        if (poisoned) std::fill(x.begin(), x.begin() + E, std::numeric_limits<T>::quiet_NaN());
         int64_t best = 0;
-        T bv = dot(x.data(), w_fc, K) + fc_ctx[b * V];
-        for (int64_t v = 1; v < V && !std::isnan(bv); ++v) {  // torch.argmax: NaN is largest, the first max wins
+        T bv = T(0);
+        for (int64_t v = 0; v < V; ++v) {  // torch.argmax: NaN is largest, the first max wins
           const T val = dot(x.data(), w_fc + v * K, K) + fc_ctx[b * V + v];
-          if (std::isnan(val) || val > bv) bv = val, best = v;
+          if (logits && t == Tn - 1) logits[b * V + v] = val;
+          if (v == 0 || (!std::isnan(bv) && (std::isnan(val) || val > bv))) bv = val, best = v;
         }
         if (finished) best = eos;
         else if (best == eos) finished = true;
         toks[t * B + b] = best;
         tok = best;
       }
+      if (h_out) std::copy(x.begin() + E, x.end(), h_out + b * ld_hout);
     }
   });
 }

@@ -58,12 +58,14 @@ using DecoderPrepCuda = cudaError_t (*)(int dtype, const void* logits, int64_t l
 using GreedyPlanCuda = int (*)(int B, int H, int E, int V, int* info);
 using GreedyCuda = cudaError_t (*)(const float* ctx, const float* gi_ctx, const float* fc_ctx, const float* emb,
                                    const float* gi_tab, const float* w_hh, const float* b_hh, const float* w_fc,
-                                   float* hbuf, unsigned long long* keys, int64_t* toks, int B, int H, int E, int V,
-                                   int T, int sos, int eos, cudaStream_t stream);
+                                   float* hbuf, unsigned long long* keys, int64_t* toks, const int64_t* tok_in,
+                                   float* logits, float* h_out, int64_t ld_ctx, int64_t ld_hout, int B, int H, int E,
+                                   int V, int T, int sos, int eos, cudaStream_t stream);
 #endif
 template <class T>
-using GreedyCpu = void (*)(const T* ctx, const T* gi_ctx, const T* fc_ctx, const T* emb, const T* gi_tab,
-                           const T* w_hh, const T* b_hh, const T* w_fc, int64_t* toks, int64_t B, int64_t H,
+using GreedyCpu = void (*)(const T* ctx, int64_t ld_ctx, const T* gi_ctx, const T* fc_ctx, const T* emb,
+                           const T* gi_tab, const T* w_hh, const T* b_hh, const T* w_fc, int64_t* toks,
+                           const int64_t* tok_in, T* logits, T* h_out, int64_t ld_hout, int64_t B, int64_t H,
                            int64_t E, int64_t V, int64_t steps, int64_t sos, int64_t eos);
 template <class T>
 using LayerCpu = void (*)(const T* x, const T* w_ih, const T* w_hh, const T* b_ih, const T* b_hh, const T* h0, T* out,
@@ -534,9 +536,14 @@ std::string greedy_plan_error(int status, const int* info, int64_t B, int64_t H,
 }
 #endif
 
+// tokens_in (batch,): step 0's input instead of sos (a token outside the vocabulary poisons its row with NaN: no
+// device-side check); logits (batch, vocab): the last step's; h_out (batch, hidden), unit inner stride, may be ctx
+// itself: the last step's h (needs eos = -1: a decode that stops early has no last step for every row).
 void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Tensor& fc_ctx, const at::Tensor& emb,
                    const at::Tensor& gi_table, const at::Tensor& w_hh, const at::Tensor& b_hh,
-                   const at::Tensor& w_fc, int64_t sos, int64_t eos, at::Tensor tokens) {
+                   const at::Tensor& w_fc, int64_t sos, int64_t eos, at::Tensor tokens,
+                   const std::optional<at::Tensor>& tokens_in, const std::optional<at::Tensor>& logits,
+                   const std::optional<at::Tensor>& h_out) {
   lab::check_dim(ctx, "ctx", 2, "(batch, hidden)");
   lab::check_dim(emb, "emb", 2, "(vocab, emb_dim)");
   lab::check_dim(tokens, "tokens", 2, "(steps, batch)");
@@ -557,7 +564,8 @@ void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Te
     lab::check_same_device(t, name, ctx, "ctx");
     lab::check_contiguous(t, name);
   }
-  lab::check_contiguous(ctx, "ctx");
+  LAB_CHECK_VALUE(ctx.stride(1) == 1 && (B <= 1 || ctx.stride(0) >= H), "ctx must have unit stride along its last "
+                  "dimension and rows at least hidden apart, got strides ", lab::shape_str(ctx.strides()));
   lab::check_shape(tokens, "tokens", {Tn, B}, "(steps, batch)");
   lab::check_dtype(tokens, "tokens", {at::kLong});
   lab::check_same_device(tokens, "tokens", ctx, "ctx");
@@ -565,6 +573,29 @@ void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Te
   LAB_CHECK_VALUE(V >= 1, "emb must have at least one row (the vocabulary), got shape ", lab::shape_str(emb.sizes()));
   LAB_CHECK_VALUE(sos >= 0 && sos < V, "sos = ", sos, " is outside the vocabulary [0, ", V, ")");
   LAB_CHECK_VALUE(eos >= -1 && eos < V, "eos = ", eos, " must be -1 (none) or inside the vocabulary [0, ", V, ")");
+  const bool has_tin = tokens_in && tokens_in->defined(), has_logits = logits && logits->defined(),
+             has_hout = h_out && h_out->defined();
+  if (has_tin) {
+    lab::check_shape(*tokens_in, "tokens_in", {B}, "(batch,)");
+    lab::check_dtype(*tokens_in, "tokens_in", {at::kLong});
+    lab::check_same_device(*tokens_in, "tokens_in", ctx, "ctx");
+    lab::check_contiguous(*tokens_in, "tokens_in");
+  }
+  if (has_logits) {
+    lab::check_shape(*logits, "logits", {B, V}, "(batch, vocab)");
+    lab::check_same_dtype(*logits, "logits", ctx, "ctx");
+    lab::check_same_device(*logits, "logits", ctx, "ctx");
+    lab::check_contiguous(*logits, "logits");
+  }
+  if (has_hout) {
+    lab::check_shape(*h_out, "h_out", {B, H}, "(batch, hidden)");
+    lab::check_same_dtype(*h_out, "h_out", ctx, "ctx");
+    lab::check_same_device(*h_out, "h_out", ctx, "ctx");
+    LAB_CHECK_VALUE(h_out->stride(1) == 1, "h_out must have unit stride along its last dimension, got strides ",
+                    lab::shape_str(h_out->strides()));
+    LAB_CHECK_VALUE(eos == -1, "h_out needs eos = -1 (a decode that stops at <eos> has no last step for every row), "
+                    "got eos = ", eos);
+  }
   if (B == 0 || Tn == 0) return;
   if (ctx.is_cuda()) {
 #ifdef LAB_WITH_CUDA
@@ -582,9 +613,10 @@ void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Te
     // (copies, only for such sizes or for misaligned tensors), h's workspace zeroed so its pad columns are.
     const int64_t Hp = (H + 3) / 4 * 4, Ep = (E + 3) / 4 * 4;
     auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
-    const bool pad = Hp != H || Ep != E || !aligned(ctx) || !aligned(emb) || !aligned(w_hh) || !aligned(w_fc);
+    const bool pad = Hp != H || Ep != E || !aligned(ctx) || !aligned(emb) || !aligned(w_hh) || !aligned(w_fc) ||
+                     (B > 1 && ctx.stride(0) % 4 != 0);
     at::Tensor ctx_p = ctx, emb_p = emb, w_hh_p = w_hh, w_fc_p = w_fc;
-    if (pad) {
+    if (pad) {  // (ctx's rows then Hp apart)
       ctx_p = at::zeros({B, Hp}, ctx.options());
       ctx_p.narrow(1, 0, H).copy_(ctx);
       emb_p = at::zeros({V, Ep}, ctx.options());
@@ -602,7 +634,10 @@ void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Te
                        emb_p.data_ptr<float>(), gi_table.data_ptr<float>(), w_hh_p.data_ptr<float>(),
                        b_hh.data_ptr<float>(), w_fc_p.data_ptr<float>(), hbuf.data_ptr<float>(),
                        reinterpret_cast<unsigned long long*>(keys.data_ptr<int64_t>()), tokens.data_ptr<int64_t>(),
-                       b, h, e, v, lab::check_int32(Tn, "steps"), int(sos), int(eos), LAB_STREAM()),
+                       has_tin ? tokens_in->data_ptr<int64_t>() : nullptr,
+                       has_logits ? logits->data_ptr<float>() : nullptr, has_hout ? h_out->data_ptr<float>() : nullptr,
+                       pad ? Hp : ctx.stride(0), has_hout ? h_out->stride(0) : 0, b, h, e, v,
+                       lab::check_int32(Tn, "steps"), int(sos), int(eos), LAB_STREAM()),
                    "gru greedy kernel");
 #else
     LAB_NO_CUDA_BUILD("greedy_decode");
@@ -611,9 +646,11 @@ void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Te
   }
   AT_DISPATCH_FLOATING_TYPES(ctx.scalar_type(), "greedy_decode_cpu", [&] {
     lab::launcher<GreedyCpu<scalar_t>>(lab::cat("greedy_decode_cpu_", lab::dtype_suffix<scalar_t>()))(
-        ctx.data_ptr<scalar_t>(), gi_ctx.data_ptr<scalar_t>(), fc_ctx.data_ptr<scalar_t>(), emb.data_ptr<scalar_t>(),
-        gi_table.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(), b_hh.data_ptr<scalar_t>(),
-        w_fc.data_ptr<scalar_t>(), tokens.data_ptr<int64_t>(), B, H, E, V, Tn, sos, eos);
+        ctx.data_ptr<scalar_t>(), ctx.stride(0), gi_ctx.data_ptr<scalar_t>(), fc_ctx.data_ptr<scalar_t>(),
+        emb.data_ptr<scalar_t>(), gi_table.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(),
+        b_hh.data_ptr<scalar_t>(), w_fc.data_ptr<scalar_t>(), tokens.data_ptr<int64_t>(),
+        has_tin ? tokens_in->data_ptr<int64_t>() : nullptr, has_logits ? logits->data_ptr<scalar_t>() : nullptr,
+        has_hout ? h_out->data_ptr<scalar_t>() : nullptr, has_hout ? h_out->stride(0) : 0, B, H, E, V, Tn, sos, eos);
   });
 }
 
@@ -693,8 +730,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decoder_prep", lab::bind(decoder_prep),
         "decoder_prep(logits|None, tokens|None, tokens_out|None, emb, gi_table, gi_ctx, xh, gi)");
   m.def("greedy_decode", lab::bind(greedy_decode),
-        "greedy_decode(ctx, gi_ctx, fc_ctx, emb, gi_table, w_hh, b_hh, w_fc, sos, eos, tokens) -> None: every step "
-        "of a greedy decode (tokens: (steps, batch) out)");
+        "greedy_decode(ctx, gi_ctx, fc_ctx, emb, gi_table, w_hh, b_hh, w_fc, sos, eos, tokens, tokens_in|None, "
+        "logits|None, h_out|None) -> None: every step of a greedy decode (tokens: (steps, batch) out)");
   m.def("greedy_plan", lab::bind(greedy_plan),
         "greedy_plan(batch, hidden, emb_dim, vocab) -> {status, reason, blocks, units_per_block, rows_per_block, "
         "smem_bytes, smem_optin, max_coresident, a_/b_rows_per_thread, a_/b_k_lanes, a_/b_batch_tile, a_/b_k_chunk}");

@@ -29,6 +29,7 @@
 // Limits (the plan's status, the binding's message): batch <= kMaxBatch (tokens and flags in shared memory), both
 // weight slices and the staging buffers within the block's shared memory, all G blocks co-resident.
 #include "cooperative.cuh"
+#include "lab_sm90.cuh"  // cp.async (lab_gemm.cuh), mbarrier and the bulk copy of the weights
 
 // cooperative_groups.h without the libcu++ headers (v3.cu says why): only this_grid().sync() is used.
 #define _CG_LIMIT_INCLUDED_DEPENDENCIES
@@ -45,7 +46,7 @@ constexpr int kPre = kStage / kThreads;  // staged elements per thread per chunk
 struct GreedyArgs {
   // Hp, Ep: H and E rounded up to 4, the row strides of h and emb (16-byte rows for cp.async; the binding pads with
   // zero columns where they differ)
-  const float* ctx;     // (B, Hp) the context: h_{-1}
+  const float* ctx;     // (B, Hp) rows ld_ctx apart: the context, h_{-1}
   const float* gi_ctx;  // (B, 3H) ctx W_ih_ctx^T + b_ih
   const float* fc_ctx;  // (B, V) ctx W_fc_ctx^T + b_fc
   const float* emb;     // (V, Ep) the decoder's embedding
@@ -56,6 +57,10 @@ struct GreedyArgs {
   float* hbuf;          // (2, B, Hp) workspace: h_t in hbuf[t & 1] (its pad columns zero)
   unsigned long long* keys;  // (2, B) workspace: the argmax of step t merges into keys[t & 1]
   int64_t* toks;        // (T, B) the output tokens
+  const int64_t* tok_in;  // (B) step 0's input tokens, or nullptr: <sos> (a token outside [0, V) poisons its row)
+  float* logits;        // (B, V) the last step's logits, or nullptr
+  float* h_out;         // (B, H) rows ld_hout apart: the last step's h (written after every read of ctx), or nullptr
+  int64_t ld_ctx, ld_hout;
   int B, H, E, V, T, sos, eos;
   int Hp, Ep;
   int U, R;             // hidden units and vocabulary rows a block
@@ -72,6 +77,7 @@ struct Tile {
 };
 
 __host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
 
 __host__ __device__ inline Tile make_tile(int B, int rows, int K) {
   Tile t;
@@ -87,20 +93,9 @@ __host__ __device__ inline Tile make_tile(int B, int rows, int K) {
   return t;
 }
 
-// ---- cp.async (sm_80+): copies that complete asynchronously into shared memory ---------------------------------
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(float* smem, const float* gmem) {  // 16 B, L2 only (.cg): coherent
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(float* smem, const float* gmem) {  // 4 B through L1: read-only inputs only
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+using lab::cp_async_commit;
+using lab::cp_async_wait;
+using lab::smem_u32;
 
 // The argmax key: the float's bits made to order as unsigned (NaN, canonicalised, above +inf; -0 as +0), then the
 // index complemented, so that the larger key is torch.argmax's pick. No valid key is 0 (the reset value).
@@ -138,7 +133,7 @@ __device__ __forceinline__ void tile_gemm(const Tile& tl, int b0, int nrows, int
     float* buf = stage + (c & 1) * kStage;
     for (int i = tid; i < nrows * nq; i += kThreads) {
       const int r = i / nq, q = i - r * nq;
-      cp_async16(buf + r * lda + 4 * q, src(b0 + r, k0 + 4 * q));
+      lab::cp_async16(smem_u32(buf + r * lda + 4 * q), src(b0 + r, k0 + 4 * q), 16);  // .cg: L2, coherent
     }
     cp_async_commit();
   };
@@ -192,8 +187,8 @@ __device__ __forceinline__ void tile_gemm(const Tile& tl, int b0, int nrows, int
 // gates' other inputs (the gathered input projection, h_{t-1}, b_hh) do not depend on the product: their loads are
 // issued before it, so their L2 latency hides behind the multiply.
 template <int TB>
-__device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int b0, const float* hprev, float* hnext,
-                                        const float* whh_s, int ldh, float* stage, const int* tok_s) {
+__device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int b0, const float* hprev, int64_t ldp,
+                                        float* hnext, const float* whh_s, int ldh, float* stage, const int* tok_s) {
   const int nrows = imin(tl.bt, a.B - b0), H = a.H, Hp = a.Hp;
   const int p = threadIdx.x / tl.s;
   const int bg = p % tl.nb, u = p / tl.nb, j = blockIdx.x * a.U + u;
@@ -203,16 +198,16 @@ __device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int
     bh[0] = __ldg(a.b_hh + j), bh[1] = __ldg(a.b_hh + H + j), bh[2] = __ldg(a.b_hh + 2 * H + j);
 #pragma unroll
     for (int i = 0; i < TB; ++i) {
-      const int b = b0 + imin(bg + tl.nb * i, nrows - 1);
-      const float* gt = a.gi_tab + int64_t(tok_s[b]) * 3 * H;
+      const int b = b0 + imin(bg + tl.nb * i, nrows - 1), tok = tok_s[b];
+      const float* gt = a.gi_tab + int64_t(tok < 0 ? 0 : tok) * 3 * H;  // tok < 0: a poisoned row (NaN below)
       const float* gc = a.gi_ctx + int64_t(b) * 3 * H;
 #pragma unroll
-      for (int c = 0; c < 3; ++c) gi[i][c] = __ldg(gt + c * H + j) + __ldg(gc + c * H + j);
-      hp[i] = __ldcg(hprev + int64_t(b) * Hp + j);
+      for (int c = 0; c < 3; ++c) gi[i][c] = tok < 0 ? __int_as_float(0x7fc00000) : __ldg(gt + c * H + j) + __ldg(gc + c * H + j);
+      hp[i] = __ldcg(hprev + int64_t(b) * ldp + j);
     }
   }
   float acc[TB][3];
-  tile_gemm<TB>(tl, b0, nrows, Hp, whh_s, ldh, stage, [&](int b, int k) { return hprev + int64_t(b) * Hp + k; }, acc);
+  tile_gemm<TB>(tl, b0, nrows, Hp, whh_s, ldh, stage, [&](int b, int k) { return hprev + int64_t(b) * ldp + k; }, acc);
   if (!gates) return;
 #pragma unroll
   for (int i = 0; i < TB; ++i) {
@@ -238,10 +233,10 @@ __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int
   const int bg = p % tl.nb, vg = p / tl.nb;
   __syncthreads();  // the previous tile's argmax has read fcs
   for (int i = threadIdx.x; i < nrows * nvoc; i += kThreads)
-    cp_async4(fcs + i, a.fc_ctx + int64_t(b0 + i / nvoc) * a.V + v0 + i % nvoc);  // read-only: L1 may keep it
+    lab::cp_async4(smem_u32(fcs + i), a.fc_ctx + int64_t(b0 + i / nvoc) * a.V + v0 + i % nvoc, 4);  // read-only
   float acc[TB][3];
   tile_gemm<TB>(tl, b0, nrows, K, wfc_s, ldf, stage, [&](int b, int k) {
-    return k < Ep ? a.emb + int64_t(tok_s[b]) * Ep + k : hcur + int64_t(b) * Hp + (k - Ep);
+    return k < Ep ? a.emb + int64_t(imax(tok_s[b], 0)) * Ep + k : hcur + int64_t(b) * Hp + (k - Ep);
   }, acc);
   float* L = stage;  // (nrows, nvoc) logits of this tile, without fc_ctx
   if (threadIdx.x % tl.s == 0 && vg < tl.nv) {
@@ -253,13 +248,15 @@ __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int
         if (r < nrows && 3 * vg + c < nvoc) L[r * nvoc + 3 * vg + c] = acc[i][c];
     }
   }
-  cp_async_wait_all();
+  cp_async_wait<0>();  // (fcs's copies went out with the product's first chunk)
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int r = warp; r < nrows; r += kThreads / 32) {
     unsigned long long best = 0;
     for (int v = lane; v < nvoc; v += 32) {
-      const unsigned long long k = argmax_key(L[r * nvoc + v] + fcs[r * nvoc + v], v0 + v);
+      const float logit = L[r * nvoc + v] + fcs[r * nvoc + v];
+      if (a.logits) a.logits[int64_t(b0 + r) * a.V + v0 + v] = logit;
+      const unsigned long long k = argmax_key(logit, v0 + v);
       best = k > best ? k : best;
     }
 #pragma unroll
@@ -293,16 +290,45 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
   int* fin_s = tok_s + B;                                    // (B) rows that have emitted <eos>
 
   // The block's weights into shared memory, zero past the matrix (the tiles read whole float4s up to the padding).
+  // On sm_90a thread 0 starts one bulk copy per row (W_hh's rows complete on one mbarrier, fc_out's on another), so
+  // fc_out's 139 KB are still arriving while phase A of the first step runs; elsewhere plain loads.
   const int j0 = blockIdx.x * a.U, v0 = blockIdx.x * a.R;
+  const int nhh = 3 * imax(0, imin(a.U, H - j0)), nfc = imax(0, imin(a.R, a.V - v0));  // rows with weights
+#ifdef LAB_SM90A
+  __shared__ __align__(8) unsigned long long bars[2];
+  const uint32_t bar_a = smem_u32(bars), bar_b = smem_u32(bars + 1);
+  if (tid == 0) {
+    lab::mbar_init(bar_a, 1);
+    lab::mbar_init(bar_b, 1);
+    lab::mbar_fence_init();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    lab::mbar_expect_tx(bar_a, uint32_t(nhh) * Hp * 4);
+    for (int r = 0; r < nhh; ++r)
+      lab::bulk_load(smem_u32(whh_s + r * ldh), a.w_hh + (int64_t(r % 3) * H + j0 + r / 3) * Hp, Hp * 4, bar_a);
+    lab::mbar_expect_tx(bar_b, uint32_t(nfc) * K * 4);
+    for (int r = 0; r < nfc; ++r) lab::bulk_load(smem_u32(wfc_s + r * ldf), a.w_fc + int64_t(v0 + r) * K, K * 4, bar_b);
+  }
+  for (int i = tid; i < rows_a * ldh; i += kThreads)  // what the copies do not write: pad columns, empty rows
+    if (i / ldh >= nhh || i % ldh >= Hp) whh_s[i] = 0.f;
+  for (int i = tid; i < rows_b * ldf; i += kThreads)
+    if (i / ldf >= nfc || i % ldf >= K) wfc_s[i] = 0.f;
+#else
   for (int i = tid; i < rows_a * ldh; i += kThreads) {
-    const int r = i / ldh, c = i % ldh, j = j0 + r / 3;
-    whh_s[i] = (j < H && c < Hp) ? a.w_hh[(int64_t(r % 3) * H + j) * Hp + c] : 0.f;
+    const int r = i / ldh, c = i % ldh;
+    whh_s[i] = (r < nhh && c < Hp) ? a.w_hh[(int64_t(r % 3) * H + j0 + r / 3) * Hp + c] : 0.f;
   }
   for (int i = tid; i < rows_b * ldf; i += kThreads) {
     const int r = i / ldf, c = i % ldf;
-    wfc_s[i] = (r < a.R && v0 + r < a.V && c < K) ? a.w_fc[int64_t(v0 + r) * K + c] : 0.f;
+    wfc_s[i] = (r < nfc && c < K) ? a.w_fc[int64_t(v0 + r) * K + c] : 0.f;
   }
-  for (int b = tid; b < B; b += kThreads) tok_s[b] = a.sos, fin_s[b] = 0;
+#endif
+  for (int b = tid; b < B; b += kThreads) {  // step 0's input: <sos>, or the given tokens (outside [0, V): -1)
+    const int64_t tok = a.tok_in ? a.tok_in[b] : a.sos;
+    tok_s[b] = tok >= 0 && tok < a.V ? int(tok) : -1;
+    fin_s[b] = 0;
+  }
 
   const bool has_units = j0 < H, has_rows = v0 < a.V;
   cg::grid_group grid = cg::this_grid();
@@ -324,7 +350,15 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
         if (blockIdx.x == 0) a.toks[int64_t(t - 1) * B + b] = tok;
       }
       const bool any_alive = __syncthreads_or(alive);
-      if (t == a.T) return;
+      if (t == a.T) {  // every read of ctx is over (h_out may be ctx): the last h into h_out, each block its units
+        if (a.h_out && has_units) {
+          const float* hl = a.hbuf + int64_t((t - 1) & 1) * B * Hp;
+          const int nu = imin(a.U, H - j0);
+          for (int i = tid; i < B * nu; i += kThreads)
+            a.h_out[int64_t(i / nu) * a.ld_hout + j0 + i % nu] = __ldcg(hl + int64_t(i / nu) * Hp + j0 + i % nu);
+        }
+        return;
+      }
       if (a.eos >= 0 && !any_alive) {  // every row has emitted <eos>: the rest is <eos>
         if (blockIdx.x == 0)
           for (int64_t i = int64_t(t) * B + tid; i < int64_t(a.T) * B; i += kThreads) a.toks[i] = a.eos;
@@ -337,15 +371,22 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
     if (blockIdx.x == 0)
       for (int b = tid; b < B; b += kThreads) a.keys[(t & 1) * B + b] = 0ull;
     const float* hprev = t == 0 ? a.ctx : a.hbuf + int64_t((t - 1) & 1) * B * Hp;
+    const int64_t ldp = t == 0 ? a.ld_ctx : Hp;
     float* hnext = a.hbuf + int64_t(t & 1) * B * Hp;
+#ifdef LAB_SM90A
+    if (t == 0) lab::mbar_wait(bar_a, 0);  // W_hh's rows have landed
+#endif
     if (has_units) {
       for (int b0 = 0; b0 < B; b0 += ta.bt) {
-#define LAB_PHASE_A(TB) phase_a<TB>(a, ta, b0, hprev, hnext, whh_s, ldh, stage, tok_s)
+#define LAB_PHASE_A(TB) phase_a<TB>(a, ta, b0, hprev, ldp, hnext, whh_s, ldh, stage, tok_s)
         LAB_TB_DISPATCH(ta.tb, LAB_PHASE_A)
 #undef LAB_PHASE_A
       }
     }
     grid.sync();  // every unit of h_t is written
+#ifdef LAB_SM90A
+    if (t == 0) lab::mbar_wait(bar_b, 0);  // fc_out's rows have landed
+#endif
     if (has_rows) {
       unsigned long long* keys = a.keys + (t & 1) * B;
       for (int b0 = 0; b0 < B; b0 += tbl.bt) {
@@ -399,19 +440,21 @@ int gru_greedy_plan(int B, int H, int E, int V, int* info) {
   return p.status;
 }
 
-// All float32, contiguous, 16-byte aligned; Hp, Ep = H, E rounded up to 4: ctx (B, Hp), emb (V, Ep), w_hh (3H, Hp),
-// w_fc (V, Ep + Hp), their pad columns zero. hbuf: (2, B, Hp) workspace, pad columns zero; keys: 2 B of workspace;
-// toks: (T, B) int64 out.
+// All float32, 16-byte aligned; Hp, Ep = H, E rounded up to 4: ctx (B, Hp) rows ld_ctx apart (a multiple of 4), emb
+// (V, Ep), w_hh (3H, Hp), w_fc (V, Ep + Hp), their pad columns zero. hbuf: (2, B, Hp) workspace, pad columns zero;
+// keys: 2 B of workspace; toks: (T, B) int64 out. tok_in (B) or nullptr (<sos>); logits (B, V) or nullptr; h_out
+// (B, H) rows ld_hout apart or nullptr (written only when the decode runs all T steps: eos = -1).
 cudaError_t gru_greedy(const float* ctx, const float* gi_ctx, const float* fc_ctx, const float* emb,
                        const float* gi_tab, const float* w_hh, const float* b_hh, const float* w_fc, float* hbuf,
-                       unsigned long long* keys, int64_t* toks, int B, int H, int E, int V, int T, int sos, int eos,
+                       unsigned long long* keys, int64_t* toks, const int64_t* tok_in, float* logits, float* h_out,
+                       int64_t ld_ctx, int64_t ld_hout, int B, int H, int E, int V, int T, int sos, int eos,
                        cudaStream_t stream) {
   using namespace gru;
   if (B == 0 || T == 0) return cudaSuccess;
   const GreedyPlan p = plan(B, H, E, V);
   if (p.status != 0) return cudaErrorInvalidConfiguration;  // the binding checks the plan first, with a message
-  const GreedyArgs a{ctx, gi_ctx, fc_ctx, emb, gi_tab, w_hh, b_hh, w_fc, hbuf, keys, toks, B, H, E, V, T, sos, eos,
-                     (H + 3) & ~3, (E + 3) & ~3, p.U, p.R};
+  const GreedyArgs a{ctx,  gi_ctx, fc_ctx, emb,    gi_tab, w_hh, b_hh, w_fc, hbuf, keys, toks, tok_in, logits,
+                     h_out, ld_ctx, ld_hout, B, H, E, V, T, sos, eos, (H + 3) & ~3, (E + 3) & ~3, p.U, p.R};
   void* args[] = {const_cast<GreedyArgs*>(&a)};
   return launch_cooperative(reinterpret_cast<const void*>(greedy_kernel), p.blocks, p.smem, stream, args);
 }

@@ -231,11 +231,22 @@ class LabSeq2Seq:
         torch.addmm(st.fc_ctx, st.xh, self.w_fc_eh.t(), out=st.logits)               # fc_out, context's share added
         return st.logits
 
-    def decoder_step(self, tokens, hidden, context):
-        """Decoder.forward's contract: tokens (batch,), hidden, context (1, batch, H) -> logits, hidden."""
+    def step_fused(self, st: DecoderState, tokens: torch.Tensor) -> torch.Tensor:
+        """One teacher-forced decoder step in one call: the one-launch decoder (cuda_src/gru/greedy.cu) run for one
+        step from the given tokens, writing st.logits and st.h in place (on the CPU: cpp_src/gru/cpu.cpp's loop).
+        st.xh's embedding half is not refreshed (nothing after a step reads it). Returns st.logits."""
+        B = st.h.shape[0]
+        toks = torch.empty(1, B, dtype=torch.long, device=st.h.device)    # the step's argmax (unused here)
+        kgru.ext().greedy_decode(st.h, st.gi_ctx, st.fc_ctx, self.dec_emb, self.gi_table, self.w_hh, self.b_hh,
+                                 self.w_fc_eh, self.cfg.sos, -1, toks, tokens, st.logits, st.h)
+        return st.logits
+
+    def decoder_step(self, tokens, hidden, context, fused: bool = False):
+        """Decoder.forward's contract: tokens (batch,), hidden, context (1, batch, H) -> logits, hidden. fused: in
+        one call (`step_fused`) instead of four."""
         st = self.start(context[0])
         st.h.copy_(hidden[0])
-        logits = self.step(st, tokens=tokens)
+        logits = self.step_fused(st, tokens) if fused else self.step(st, tokens=tokens)
         return logits, st.h.unsqueeze(0)
 
     def forward(self, src, trg):
@@ -286,7 +297,7 @@ class LabSeq2Seq:
         toks = torch.empty(max_len, ctx.shape[0], dtype=torch.long, device=ctx.device) if out is None else out
         eos = -1 if self.cfg.eos is None else self.cfg.eos
         kgru.ext().greedy_decode(ctx, gi_ctx, fc_ctx, self.dec_emb, self.gi_table, self.w_hh, self.b_hh,
-                                 self.w_fc_eh, self.cfg.sos, eos, toks)
+                                 self.w_fc_eh, self.cfg.sos, eos, toks, None, None, None)
         return toks
 
     def fused_plan(self, batch: int) -> dict:

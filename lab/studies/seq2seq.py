@@ -66,7 +66,8 @@ def _batches(device, quick: bool) -> tuple[int, ...]:
 
 def bench_decoder_step(device, record: bool = True, quick: bool = False, cfg: Config = Config()) -> list[dict]:
     """One decoder step, reference (embedding, 2 cats, cuDNN GRU, Linear) against the lab's (4 launches, the
-    context's shares precomputed once per sentence). L2 flushed before each repetition, like every other row: the
+    context's shares precomputed once per sentence) and, on the GPU, the one-launch decoder run for one step
+    ('lab.fused'). L2 flushed before each repetition, like every other row: the
     step's weights (fc_out's 18 MB, W_hh's 3 MB) come from HBM, where a decoding loop would find them in L2."""
     rows = []
     for B in _batches(device, quick):
@@ -79,9 +80,11 @@ def bench_decoder_step(device, record: bool = True, quick: bool = False, cfg: Co
         with kgru.precision(tf32=False):
             st = lab.start(context[0])
         st.h.copy_(hidden[0])
+        fns = {"reference": lambda: model.decoder(tokens, hidden, context), "lab": lambda: lab.step(st, tokens=tokens)}
+        if lab.fused_plan(B)["status"] == 0:
+            fns["lab.fused"] = lambda: lab.step_fused(st, tokens)
         with torch.no_grad():
-            rows += _bench("decoder_step", {"reference": lambda: model.decoder(tokens, hidden, context),
-                                            "lab": lambda: lab.step(st, tokens=tokens)}, B, device,
+            rows += _bench("decoder_step", fns, B, device,
                            "fp32 without TF32; L2 flushed; lab: per-sentence context terms precomputed")
     if record and rows:
         results.append(rows)
