@@ -139,11 +139,11 @@ def random_src(cfg: Config, batch: int, device="cpu", seed: int = 0) -> torch.Te
 # =================================================================================================================
 # The lab model
 # =================================================================================================================
-# The largest batch greedy() decodes in one launch by default: the one-launch decoder (greedy.cu) was the faster at
-# batch 1 and 8 and the step-by-step one from 16 up in the H100 sweep at 3c20150 (default model, CUDA graphs, L2
-# flushed; results/<device>/results.csv has the greedy_decode rows): its per-step barriers and chain of L2 round
-# trips cost less than 4 launches a step while the batch is small, its fc_out tile runs the FMA pipe at a third of
-# its peak (ncu) against cuBLAS's GEMM once the batch is not.
+# The largest batch greedy() decodes in one launch by default: in the H100 sweeps at 3c20150 and 65a9b41 (default
+# model, CUDA graphs, L2 flushed; notebook 04 section 7 reprints it) the one-launch decoder (greedy.cu) was the faster
+# at batch 1 and 8, the two within 1% at 16, the step-by-step one ahead from 32 up: its per-step barriers and chain
+# of L2 round trips cost less than 4 launches a step while the batch is small, its fc_out tile (8 warps an SM, 240+
+# registers a thread) runs the FMA pipe well below cuBLAS's GEMM once the batch is not.
 FUSED_MAX_BATCH = 8
 
 @dataclass
