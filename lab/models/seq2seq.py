@@ -139,12 +139,12 @@ def random_src(cfg: Config, batch: int, device="cpu", seed: int = 0) -> torch.Te
 # =================================================================================================================
 # The lab model
 # =================================================================================================================
-# The largest batch greedy() decodes in one launch by default: in the H100 sweeps at 3c20150 and 65a9b41 (default
-# model, CUDA graphs, L2 flushed; notebook 04 section 7 reprints it) the one-launch decoder (greedy.cu) was the faster
-# at batch 1 and 8, the two within 1% at 16, the step-by-step one ahead from 32 up: its per-step barriers and chain
-# of L2 round trips cost less than 4 launches a step while the batch is small, its fc_out tile (8 warps an SM, 240+
-# registers a thread) runs the FMA pipe well below cuBLAS's GEMM once the batch is not.
-FUSED_MAX_BATCH = 8
+# The largest batch greedy() decodes in one launch by default. In the H100 sweeps at 65a9b41 and e1c3a75 (default
+# model, CUDA graphs, L2 flushed; notebook 04 section 7 reprints it) the one-launch decoder (greedy.cu) was the
+# faster at batch 1, 8 and 16 (at 16 by 1-3%), the step-by-step one from 32 up: the one launch's per-step barriers
+# and chain of L2 round trips cost less than 4 launches a step while the batch is small; once it is not, its fc_out
+# tile (8 warps an SM, ~250 registers a thread) keeps the FMA pipe further from its peak than cuBLAS's GEMM does.
+FUSED_MAX_BATCH = 16
 
 @dataclass
 class DecoderState:
