@@ -320,11 +320,12 @@ def test_default_version_keeps_the_precision_and_follows_the_batch():
 
 
 @needs_gpu
-def test_v5_slice_counters_and_grid_barrier_give_the_same_bits():
-    # the two ways v5 meets between steps change only who waits for whom, not one operation: any missing wait shows
-    # up as a bit difference (h read before it was written)
-    for dt, B in ((torch.bfloat16, 256), (torch.float32, 130), (torch.float16, 3)):
+@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
+def test_slice_counters_and_grid_barrier_give_the_same_bits(version):
+    # the two ways the persistent versions meet between steps change only who waits for whom, not one operation: any
+    # missing wait shows up as a bit difference (h read before it was written)
+    for dt, B in ((torch.bfloat16, 256), (torch.float32, 130), (torch.float16, 3), (torch.float32, 1)):
         x, h0, params = _inputs(9, B, 40, 200, L=2, dtype=dt, device="cuda", seed=B)
-        a = kgru.gru(x, h0, params, version="v5")
-        b = kgru.gru(x, h0, params, version="v5", grid_sync=True)
+        a = kgru.gru(x, h0, params, version=version)
+        b = kgru.gru(x, h0, params, version=version, grid_sync=True)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (dt, B)

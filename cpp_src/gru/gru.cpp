@@ -4,8 +4,9 @@
 //
 //   gru_forward(x, h0, params, out, h_n, version, config)  nn.GRU's forward: (seq_len, batch, input) -> out, h_n.
 //       version 0: C++ on the CPU (cpp_src/gru/cpu.cpp); 1..5: cuda_src/gru/'s v1..v5 (see gru.cuh's header).
-//       config: v5's warp grid (-1: the plan's choice; 0..7 force one); grid_sync: v5 meets at one grid-wide barrier
-//       a step (cooperative_groups) instead of per-batch-slice step counters. The other versions ignore both.
+//       config: v5's warp grid (-1: the plan's choice; 0..7 force one; the other versions ignore it); grid_sync: v3,
+//       v4 and v5 meet at one grid-wide barrier a step (cooperative_groups) instead of per-batch-slice step counters
+//       (v1/v2 ignore it).
 //   gru_gates(gi, gh, b_ih, b_hh, h_prev, h_out)   one GRU cell's pointwise half (gates + update), rows may be
 //       strided: the seq2seq decoder writes h straight into its [emb | h] buffer.
 //   decoder_prep(logits | tokens, tokens_out, emb, gi_table, gi_ctx, xh, gi)   the decoder step's token pick
@@ -47,7 +48,7 @@ using GatesCuda = cudaError_t (*)(int dtype, const void* gi, int64_t ldgi, const
                                   int64_t ldho, int B, int H, cudaStream_t stream);
 using V3PlanCuda = int (*)(int B, int H, int* info);
 using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
-                               void* out, int T, int B, int H, cudaStream_t stream);
+                               void* out, int T, int B, int H, int* counters, cudaStream_t stream);
 using V5PlanCuda = int (*)(int B, int H, int config, int* info);
 using V5Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
                                void* out, int T, int B, int H, int config, int* counters, cudaStream_t stream);
@@ -256,9 +257,10 @@ void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
   }
   // cuda_src/gru/v3.cu, the variant of this version (rb 2 / 4) and dtype
   const V3Cuda gru_v3 = lab::launcher<V3Cuda>(v3_variant("gru_v3", version, dt));
+  const at::Tensor counters = grid_sync ? at::Tensor() : at::zeros({B}, in.options().dtype(at::kInt));
   LAB_CUDA_CHECK(gru_v3(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
                         h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), lab::check_int32(Tn, "seq_len"), b, h,
-                        st),
+                        grid_sync ? nullptr : counters.data_ptr<int>(), st),
                  version == 3 ? "gru v3 persistent kernel (cooperative launch)"
                               : "gru v4 persistent kernel (cooperative launch)");
 }

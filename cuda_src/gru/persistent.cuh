@@ -1,5 +1,6 @@
 // gru/persistent.cuh — what the two persistent units (v3.cu: v3/v4, v5.cu: v5) share: the storage type of the
-// variant being built, coherent loads of h, and (cooperative.cuh) the host side of a cooperative launch. Apart from
+// variant being built, coherent loads of h, the per-batch-slice step counters, and (cooperative.cuh) the host side of
+// a cooperative launch. Apart from
 // gru.cuh so the gate and decoder units do not compile it.
 #pragma once
 
@@ -29,6 +30,31 @@ __device__ __forceinline__ __half ldcg(const __half* p) {
 }
 __device__ __forceinline__ __nv_bfloat16 ldcg(const __nv_bfloat16* p) {
   return __ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p)));
+}
+
+// The step's exchange, per batch slice (v3/v4 and v5). A block needs h_{t-1} only for its own batch rows, which the
+// Ph blocks of its slice write; so it waits for those Ph blocks, not for the whole grid. After its last h_t store a
+// block's thread 0 fences (the block's stores, ordered before it by the __syncthreads, become visible at GPU scope:
+// the pattern cooperative_groups' grid.sync() uses) and counts the step done (slice_arrive); before reading h_t,
+// thread 0 of every block of the slice spins until the count reaches Ph * (t + 1) (slice_wait). Counts only grow, so
+// no reset between steps; the counters are zeroed before the launch.
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void slice_wait(const int* counter, int target) {
+  if (threadIdx.x == 0)
+    while (ld_acquire(counter) < target) {
+    }
+  __syncthreads();
+}
+__device__ __forceinline__ void slice_arrive(int* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1);
+  }
 }
 
 }  // namespace gru

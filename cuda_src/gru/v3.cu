@@ -65,6 +65,8 @@ struct V3Args {
   int Ph;            // hidden-unit partitions (block index % Ph)
   int Bb;            // batch rows per block
   int BC;            // batch rows per shared-memory chunk (BC <= Bb)
+  int* counters;     // per batch slice (block index / Ph), zeroed before the launch: slice_wait / slice_arrive
+                     // (persistent.cuh); nullptr: one grid-wide barrier a step (cooperative_groups grid.sync())
 };
 
 template <class T>
@@ -165,7 +167,12 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
       const int uu = p % Hb, g = (p / Hb) % 3, bb = p / (3 * Hb);
       if (j0 + uu < H) cp_async4(gib + p, gsrc + (int64_t(b0 + bb) * 3 + g) * H + j0 + uu);
     }
-    if (t > 0) cg::this_grid().sync();  // every block's h_{t-1} is written (the one barrier of the step)
+    if (t > 0) {  // h_{t-1} of this block's rows is written: by its slice's blocks, or by every block (grid.sync)
+      if (a.counters)
+        slice_wait(a.counters + blockIdx.x / a.Ph, a.Ph * t);
+      else
+        cg::this_grid().sync();
+    }
     const T* hsrc = t == 0 ? h0 : out + int64_t(t - 1) * B * H;
 
     for (int c0 = 0; c0 < nb; c0 += BC) {
@@ -265,6 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
       // The next chunk's load overwrites hs (read only before the barrier above); its __syncthreads orders the
       // gate phase's reads of ghs before the next dot phase rewrites them.
     }
+    if (a.counters && t + 1 < a.T) slice_arrive(a.counters + blockIdx.x / a.Ph);  // h_t stored: count it
   }
 }
 
@@ -347,16 +355,18 @@ int gru_v3_plan(int B, int H, int* info) {
   return p.status;
 }
 
+// counters: at least batch ints, zeroed (the per-slice step counts); nullptr: grid.sync() each step.
 cudaError_t gru_v3(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0, void* out,
-                   int T, int B, int H, cudaStream_t stream) {
+                   int T, int B, int H, int* counters, cudaStream_t stream) {
   using namespace gru;
   if (T == 0 || B == 0) return cudaSuccess;
   const Plan p = make_plan(B, H);
   if (p.status == 3) return cudaErrorCooperativeLaunchTooLarge;
   if (p.status) return cudaErrorInvalidConfiguration;
-  V3Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.ph, p.bb, p.bc};
+  V3Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.ph, p.bb, p.bc, counters};
   void* args[] = {&a};
-  return launch_cooperative(v3_kernel_for<VT, kRB>(p.kpt, p.s), p.blocks, p.smem, stream, args);  // grid.sync()
+  // cooperative: the blocks of a slice wait for each other (the counters) or all of them do (grid.sync())
+  return launch_cooperative(v3_kernel_for<VT, kRB>(p.kpt, p.s), p.blocks, p.smem, stream, args);
 }
 
 LAB_EXPORTS(LAB_EXPORT("gru_v3_plan", gru_v3_plan), LAB_EXPORT("gru_v3", gru_v3))

@@ -67,16 +67,7 @@ struct V5Args {
                      // nullptr: one grid-wide barrier a step instead (cooperative_groups grid.sync())
 };
 
-// The step's exchange, per batch slice. A block needs h_{t-1} only for its own batch rows, which the Ph blocks of its
-// slice write; so it waits for those Ph blocks, not for the whole grid. After its last h_t store a block's thread 0
-// fences (the block's stores, ordered before it by the __syncthreads, become visible at GPU scope: the pattern
-// cooperative_groups' grid.sync() uses) and counts the step done; before reading h_t, thread 0 of every block of the
-// slice spins until the count reaches Ph * (t + 1). Counts only grow, so no reset between steps.
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
+// The step's exchange between blocks: slice_wait / slice_arrive (persistent.cuh), or grid.sync().
 
 // The mma of the storage type on one 32-byte step of K: a = 16 rows x 32 B of h, (b0, b1) = 8 W rows x 32 B.
 __device__ __forceinline__ void mma_step(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float) {
@@ -228,10 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
     lab::cp_async_commit();
     if (t > 0) {  // h_{t-1} of this block's rows is written: by its slice's blocks, or by every block (grid.sync)
       if (a.counters) {
-        if (tid == 0)
-          while (ld_acquire(a.counters + blockIdx.x / a.Ph) < a.Ph * t) {
-          }
-        __syncthreads();
+        slice_wait(a.counters + blockIdx.x / a.Ph, a.Ph * t);
       } else {
         cg::this_grid().sync();
       }
@@ -330,13 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v5_kernel(const V5Args a) {
         }
       }
     }
-    if (a.counters && t + 1 < a.T) {  // this step's h_t is stored: count it for the slice
-      __syncthreads();
-      if (tid == 0) {
-        __threadfence();
-        atomicAdd(a.counters + blockIdx.x / a.Ph, 1);
-      }
-    }
+    if (a.counters && t + 1 < a.T) slice_arrive(a.counters + blockIdx.x / a.Ph);  // h_t stored: count it
   }
 }
 

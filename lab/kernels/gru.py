@@ -69,8 +69,9 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
 
     params: 4 tensors per layer (w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,)), like nn.GRU._flat_weights.
     out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' .. 'v5' (default: see _default).
-    config: v5's warp grid, 0..7 (-1: the plan's choice; v5_plan says which); grid_sync: v5 waits at one grid-wide
-    barrier a step (its first design) instead of for the blocks of its own batch slice. Other versions ignore both.
+    config: v5's warp grid, 0..7 (-1: the plan's choice; v5_plan says which; other versions ignore it); grid_sync:
+    v3, v4 and v5 wait at one grid-wide barrier a step (their first design) instead of for the blocks of their own
+    batch slice (v1, v2 and the CPU ignore it).
     """
     params = list(params)
     if out is None:
