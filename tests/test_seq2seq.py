@@ -107,19 +107,20 @@ def test_gpu_small_model_matches_reference(B):
 
 
 @needs_gpu
-def test_gpu_greedy_replays_from_a_cuda_graph():
+@pytest.mark.parametrize("fused", [False, True], ids=["stepwise", "one_launch"])
+def test_gpu_greedy_replays_from_a_cuda_graph(fused):
     from lab.timing import capture_graph
     cfg = s2s.Config()
-    model, lab = _pair(cfg, "cuda")
+    _, lab = _pair(cfg, "cuda")
     src = s2s.random_src(cfg, 8, "cuda")
     box = {}
     with torch.no_grad():
-        g = capture_graph(lambda: box.__setitem__("toks", lab.greedy(src)))
+        g = capture_graph(lambda: box.__setitem__("toks", lab.greedy(src, fused=fused)))
         src2 = s2s.random_src(cfg, 8, "cuda", seed=9)
         src.copy_(src2)
         g.replay()
         torch.cuda.synchronize()
-        assert torch.equal(box["toks"], lab.greedy(src2))
+        assert torch.equal(box["toks"], lab.greedy(src2, fused=fused))
 
 
 # ---- greedy decoding in one call (LabSeq2Seq.greedy_fused: cuda_src/gru/greedy.cu, cpp_src/gru/cpu.cpp) -----------
@@ -305,22 +306,6 @@ def test_gpu_fused_greedy_errors():
         kgru.ext().greedy_decode(*_fused_args(lab64, 2, "cuda", torch.float64).values())
     plan = kgru.ext().greedy_plan(8, 512, 256, 40000)   # fc_out's 40000 x 768 floats do not fit on chip
     assert plan["status"] == 2 and "shared memory" in plan["reason"]
-
-
-@needs_gpu
-def test_gpu_fused_greedy_replays_from_a_cuda_graph():
-    from lab.timing import capture_graph
-    cfg = s2s.Config()
-    _, lab = _pair(cfg, "cuda")
-    src = s2s.random_src(cfg, 8, "cuda")
-    box = {}
-    with torch.no_grad():
-        g = capture_graph(lambda: box.__setitem__("toks", lab.greedy(src, fused=True)))
-        src2 = s2s.random_src(cfg, 8, "cuda", seed=9)
-        src.copy_(src2)
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(box["toks"], lab.greedy(src2, fused=True))
 
 
 # ---- one decoder step in one call (LabSeq2Seq.step_fused: greedy_decode with one step, given tokens) ---------------
