@@ -430,7 +430,9 @@ inline GreedyPlan plan(int B, int H, int E, int V) {
   p.smem = int(smem > (int64_t(1) << 30) ? (int64_t(1) << 30) : smem);
   if (B > kMaxBatch) return p.status = 1, p;
   if ((p.status = cooperative_device(&p.optin)) != 0) return p;
-  if (p.U > kThreads || rows_b / 3 > kThreads || smem > p.optin) return p.status = 2, p;
+  cudaFuncAttributes fa{};  // the kernel's static shared memory (mbarriers, cooperative groups) counts too
+  if (cudaFuncGetAttributes(&fa, reinterpret_cast<const void*>(greedy_kernel)) != cudaSuccess) return p.status = 5, p;
+  if (p.U > kThreads || rows_b / 3 > kThreads || smem + int64_t(fa.sharedSizeBytes) > p.optin) return p.status = 2, p;
   if (coresident_blocks(reinterpret_cast<const void*>(greedy_kernel), p.smem, &p.coresident) != 0)
     return p.status = 5, p;
   if (p.coresident < p.blocks) return p.status = 3, p;
