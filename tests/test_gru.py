@@ -70,38 +70,6 @@ def test_v3_plan_splits_hidden_512_over_the_chip():
         assert p["batch_slices"] * p["rows_per_block"] >= B
     assert kgru.v3_plan(1, 2048)["status"] == 1
     assert kgru.v3_plan(128, 512, version="v4") == kgru.v3_plan(128, 512)
-    # the input projection: in the launch up to batch 8 by default, never without an input size, as asked otherwise
-    assert kgru.v3_plan(8, 512, input_size=256)["input_in_launch"] == 1
-    assert kgru.v3_plan(9, 512, input_size=256)["input_in_launch"] == 0
-    assert kgru.v3_plan(1, 512)["input_in_launch"] == 0
-    assert kgru.v3_plan(1, 512, input_size=256, config=0)["input_in_launch"] == 0
-    assert kgru.v3_plan(64, 512, input_size=256, config=1)["input_in_launch"] == 1
-
-
-@needs_gpu
-@pytest.mark.parametrize("version", ["v3", "v4"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_v3_input_projection_in_the_launch_or_as_a_gemm(version, dtype):
-    # config 1: x_t W_ih^T inside the persistent kernel (W_ih's rows in shared memory); config 0: the cuBLAS GEMM
-    # before it. Both against float64 nn.GRU, on odd sizes, two layers (layer 2's input is layer 1's output), with
-    # outputs poisoned first; h_n is written by the kernel itself
-    for T, B, I, H in ((5, 3, 37, 33), (4, 20, 64, 200), (3, 1, 256, 512)):
-        x, h0, params = _inputs(T, B, I, H, L=2, dtype=dtype, device="cuda", seed=B)
-        ref = kgru.gru_ref(*verify.upcast((x, h0, params)))
-        for config in (0, 1):
-            assert kgru.v3_plan(B, H, dtype, version, I, config)["input_in_launch"] == config
-            out = (torch.full((T, B, H), float("nan"), dtype=dtype, device="cuda"),
-                   torch.full((2, B, H), float("nan"), dtype=dtype, device="cuda"))
-            got = kgru.gru(x, h0, params, out=out, version=version, config=config)
-            verify.assert_close(got, ref, dtype, what=f"{version} config {config} T={T} B={B} I={I} H={H}")
-
-
-@needs_gpu
-def test_v3_config_is_checked():
-    x, h0, params = _inputs(3, 2, 8, 16, device="cuda")
-    with pytest.raises(ValueError, match=r"config for v3 must be -1 \(automatic\), 0 \(the input projection as a "
-                                         r"GEMM before the launch\) or 1 \(in the launch\), got 2"):
-        kgru.gru(x, h0, params, version="v3", config=2)
 
 
 @needs_gpu

@@ -4,8 +4,7 @@
 //
 //   gru_forward(x, h0, params, out, h_n, version, config)  nn.GRU's forward: (seq_len, batch, input) -> out, h_n.
 //       version 0: C++ on the CPU (cpp_src/gru/cpu.cpp); 1..5: cuda_src/gru/'s v1..v5 (see gru.cuh's header).
-//       config: v5's warp grid (-1: the plan's choice; 0..7 force one); v3/v4's input projection (-1: the plan's
-//       choice, 0: a GEMM before the launch, 1: in the launch); v1/v2 ignore it. grid_sync: v3,
+//       config: v5's warp grid (-1: the plan's choice; 0..7 force one; the other versions ignore it); grid_sync: v3,
 //       v4 and v5 meet at one grid-wide barrier a step (cooperative_groups) instead of per-batch-slice step counters
 //       (v1/v2 ignore it).
 //   gru_gates(gi, gh, b_ih, b_hh, h_prev, h_out)   one GRU cell's pointwise half (gates + update), rows may be
@@ -15,7 +14,7 @@
 //   greedy_decode(ctx, gi_ctx, fc_ctx, emb, gi_table, w_hh, b_hh, w_fc, sos, eos, tokens)   every step of the
 //       decoder's greedy loop in one call: one launch on the GPU (float32), a C++ loop on the CPU.
 //   greedy_plan(batch, hidden, emb_dim, vocab)       whether and how the one-launch decoder runs on this GPU.
-//   v3_plan(batch, hidden, dtype_code, version, input_size, config)   how v3/v4 split the work on this GPU.
+//   v3_plan(batch, hidden, dtype_code, version)      how v3/v4 split the work on this GPU (for the notebook).
 //   v5_plan(batch, hidden, dtype_code, config)       how v5 splits it: its configuration, slices, shared memory.
 //
 // Every function writes into tensors the caller allocated (the lab poisons them with NaN before a check). CUDA
@@ -47,10 +46,9 @@ namespace {
 using GatesCuda = cudaError_t (*)(int dtype, const void* gi, int64_t ldgi, const void* gh, int64_t ldgh,
                                   const void* b_ih, const void* b_hh, const void* h_prev, int64_t ldhp, void* h_out,
                                   int64_t ldho, int B, int H, cudaStream_t stream);
-using V3PlanCuda = int (*)(int B, int H, int I, int config, int* info);
-using V3Cuda = cudaError_t (*)(const float* gi, const void* x, const void* w_ih, const void* w_hh, const void* b_ih,
-                               const void* b_hh, const void* h0, void* out, void* h_n, int T, int B, int H, int I,
-                               int config, int* counters, cudaStream_t stream);
+using V3PlanCuda = int (*)(int B, int H, int* info);
+using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
+                               void* out, int T, int B, int H, int* counters, cudaStream_t stream);
 using V5PlanCuda = int (*)(int B, int H, int config, int* info);
 using V5Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
                                void* out, int T, int B, int H, int config, int* counters, cudaStream_t stream);
@@ -168,11 +166,9 @@ std::string v3_variant(const char* name, int64_t version, int dtype) {
   return lab::cat(name, "@", dt[dtype], ",", version == 4 ? "4" : "2");
 }
 
-// info: v3.cu's 11 entries (kpt ... max_coresident, xproj). I: the layer's input size (0: unknown); config: -1
-// automatic, 0 the input projection as a GEMM before the launch, 1 in the launch.
-int v3_plan_call(int64_t version, int dtype, int B, int H, int I, int config, int* info) {
+int v3_plan_call(int64_t version, int dtype, int B, int H, int* info) {
   auto plan = lab::launcher<V3PlanCuda>(v3_variant("gru_v3_plan", version, dtype));
-  return plan(B, H, I, config, info);
+  return plan(B, H, info);
 }
 
 int v5_plan_call(int dtype, int B, int H, int config, int* info) {
@@ -215,10 +211,9 @@ std::string v3_plan_error(int64_t version, int status, const int* info, int64_t 
   return o + "; use v2";
 }
 
-// h_nl: this layer's (batch, hidden) slice of h_n; v3/v4 write it in their last step, the other versions copy it.
 void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tensor& in, const at::Tensor& w_ih,
                 const at::Tensor& w_hh, const at::Tensor& b_ih, const at::Tensor& b_hh, const at::Tensor& h0l,
-                at::Tensor& o, at::Tensor h_nl) {
+                at::Tensor& o) {
   const int64_t Tn = in.size(0), B = in.size(1), I = in.size(2), H = w_hh.size(1), G = 3 * H;
   const int dt = dtype_code(in.scalar_type());
   const int b = lab::check_int32(B, "batch"), h = lab::check_int32(H, "hidden");
@@ -234,23 +229,6 @@ void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
                                H, b, h, st),
                      "gru v1 gate kernel");
     }
-    return;
-  }
-  if (version == 3 || version == 4) {  // cuda_src/gru/v3.cu, the variant of this version (rb 2 / 4) and dtype
-    int info[11];
-    const int i_ = lab::check_int32(I, "input_size");
-    const int status = v3_plan_call(version, dt, b, h, i_, int(config), info);  // (checked in gru_forward too)
-    LAB_CHECK_VALUE(status == 0, v3_plan_error(version, status, info, B, H, in.scalar_type()));
-    const bool xproj = info[10] != 0;  // the input projection in the launch: no GEMM before it
-    const at::Tensor gi = xproj ? at::Tensor() : proj(in.view({Tn * B, I}), w_ih);  // (T*B, 3H)
-    const V3Cuda gru_v3 = lab::launcher<V3Cuda>(v3_variant("gru_v3", version, dt));
-    const at::Tensor counters = grid_sync ? at::Tensor() : at::zeros({B}, in.options().dtype(at::kInt));
-    LAB_CUDA_CHECK(gru_v3(xproj ? nullptr : gi.data_ptr<float>(), in.data_ptr(), w_ih.data_ptr(), w_hh.data_ptr(),
-                          b_ih.data_ptr(), b_hh.data_ptr(), h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(),
-                          h_nl.data_ptr(), lab::check_int32(Tn, "seq_len"), b, h, i_, int(config),
-                          grid_sync ? nullptr : counters.data_ptr<int>(), st),
-                   version == 3 ? "gru v3 persistent kernel (cooperative launch)"
-                                : "gru v4 persistent kernel (cooperative launch)");
     return;
   }
   const at::Tensor gi = proj(in.view({Tn * B, I}), w_ih);  // (T*B, 3H): every step's input projection, one GEMM
@@ -277,6 +255,14 @@ void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
                    "gru v5 persistent tensor-core kernel (cooperative launch)");
     return;
   }
+  // cuda_src/gru/v3.cu, the variant of this version (rb 2 / 4) and dtype
+  const V3Cuda gru_v3 = lab::launcher<V3Cuda>(v3_variant("gru_v3", version, dt));
+  const at::Tensor counters = grid_sync ? at::Tensor() : at::zeros({B}, in.options().dtype(at::kInt));
+  LAB_CUDA_CHECK(gru_v3(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
+                        h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), lab::check_int32(Tn, "seq_len"), b, h,
+                        grid_sync ? nullptr : counters.data_ptr<int>(), st),
+                 version == 3 ? "gru v3 persistent kernel (cooperative launch)"
+                              : "gru v4 persistent kernel (cooperative launch)");
 }
 #endif
 
@@ -332,16 +318,13 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
                                         lab::check_int32(H, "hidden"), int(config), info);
         LAB_CHECK_VALUE(status == 0, v5_plan_error(status, info, B, H, x.scalar_type(), config));
       } else if (version >= 3) {
-        LAB_CHECK_VALUE(config >= -1 && config <= 1, "config for v", version, " must be -1 (automatic), 0 (the input "
-                        "projection as a GEMM before the launch) or 1 (in the launch), got ", config);
-        int info[11];
+        int info[10];
         const int status = v3_plan_call(version, dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
-                                        lab::check_int32(H, "hidden"), lab::check_int32(in.size(2), "input_size"),
-                                        int(config), info);
+                                        lab::check_int32(H, "hidden"), info);
         LAB_CHECK_VALUE(status == 0, v3_plan_error(version, status, info, B, H, x.scalar_type()));
       }
-      layer_cuda(version, config, grid_sync, in, w_ih, w_hh, b_ih, b_hh, h0l, o, h_n.select(0, l));
-      if (version != 3 && version != 4) h_n.select(0, l).copy_(o.select(0, Tn - 1));  // (v3/v4 write it)
+      layer_cuda(version, config, grid_sync, in, w_ih, w_hh, b_ih, b_hh, h0l, o);
+      h_n.select(0, l).copy_(o.select(0, Tn - 1));
 #else
       LAB_NO_CUDA_BUILD("gru_forward");
 #endif
@@ -696,28 +679,22 @@ py::dict greedy_plan(int64_t batch, int64_t hidden, int64_t emb_dim, int64_t voc
 // ---- the v3 plan, for the notebook ------------------------------------------------------------------------------
 // A dict: the plan's status and its split, named here (v3.cu's gru_v3_plan fills info[] in the order of kInfoNames).
 // dtype_code: 0 float32, 1 float16, 2 bfloat16.
-// input_size: the layer's input (0: unknown, the input projection a GEMM); config: -1 automatic, 0 GEMM, 1 in launch.
-py::dict v3_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t version, int64_t input_size,
-                 int64_t config) {
+py::dict v3_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t version) {
   LAB_CHECK_VALUE(dtype_code_ >= 0 && dtype_code_ <= 2, "dtype_code must be 0 (float32), 1 (float16) or 2 "
                     "(bfloat16), got ", dtype_code_);
   LAB_CHECK_VALUE(version == 3 || version == 4, "version must be 3 or 4, got ", version);
   LAB_CHECK_VALUE(batch >= 1 && hidden >= 1, "batch and hidden must be >= 1, got ", batch, ", ", hidden);
   py::dict d;
 #ifdef LAB_WITH_CUDA
-  // v3.cu's order: kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident, xproj
-  static const char* kInfoNames[11] = {"kpt", "lanes_per_unit", "units_per_block", "hidden_slices", "batch_slices",
-                                       "rows_per_block", "rows_per_chunk", "smem_bytes", "blocks", "max_coresident",
-                                       "input_in_launch"};
-  LAB_CHECK_VALUE(input_size >= 0 && config >= -1 && config <= 1, "input_size must be >= 0 and config -1, 0 or 1, "
-                  "got ", input_size, ", ", config);
-  int info[11];
+  // v3.cu's order: kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident
+  static const char* kInfoNames[10] = {"kpt", "lanes_per_unit", "units_per_block", "hidden_slices", "batch_slices",
+                                       "rows_per_block", "rows_per_chunk", "smem_bytes", "blocks", "max_coresident"};
+  int info[10];
   const int status = v3_plan_call(version, int(dtype_code_), lab::check_int32(batch, "batch"),
-                                  lab::check_int32(hidden, "hidden"), lab::check_int32(input_size, "input_size"),
-                                  int(config), info);
+                                  lab::check_int32(hidden, "hidden"), info);
   d["status"] = status;  // 0 fits; 1 hidden too large; 2 batch slice too big for shared memory; 3 not co-resident;
                          // 4 no cooperative launch; 5 a CUDA error while asking
-  for (int i = 0; i < 11; ++i) d[kInfoNames[i]] = info[i];
+  for (int i = 0; i < 10; ++i) d[kInfoNames[i]] = info[i];
 #else
   LAB_NO_CUDA_BUILD("v3_plan");
 #endif
@@ -761,9 +738,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "greedy_plan(batch, hidden, emb_dim, vocab) -> {status, reason, blocks, units_per_block, rows_per_block, "
         "smem_bytes, smem_optin, max_coresident, a_/b_rows_per_thread, a_/b_k_lanes, a_/b_batch_tile, a_/b_k_chunk}");
   m.def("v3_plan", lab::bind(v3_plan),
-        "v3_plan(batch, hidden, dtype_code, version, input_size, config) -> {status, kpt, lanes_per_unit, "
-        "units_per_block, hidden_slices, batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, "
-        "max_coresident, input_in_launch}");
+        "v3_plan(batch, hidden, dtype_code, version) -> {status, kpt, lanes_per_unit, units_per_block, hidden_slices, "
+        "batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, max_coresident}");
   m.def("v5_plan", lab::bind(v5_plan),
         "v5_plan(batch, hidden, dtype_code, config) -> {status, config, units_per_block, rows_per_chunk, k_split, "
         "hidden_slices, batch_slices, rows_per_block, k_padded, smem_bytes, blocks, max_coresident, cost_ns}");

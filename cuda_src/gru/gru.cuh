@@ -34,9 +34,7 @@
 //       shared memory, computes its units' 3 gate rows for its batch rows, applies the gates, writes h_t, and the
 //       grid meets at one grid.sync(). The input projection is still one cuBLAS GEMM before the launch. (Since v5's
 //       exchange landed in persistent.cuh, v3/v4 wait by default only for the blocks of their own batch slice, on
-//       per-slice step counters; grid_sync=True keeps the one grid.sync(). Up to batch 8 the input projection runs
-//       in the launch too: each block keeps its W_ih rows in shared memory and computes x_t W_ih^T before waiting
-//       for its slice, in place of the GEMM before the launch (config 0/1 force either; v3.cu's make_plan says why).)
+//       per-slice step counters; grid_sync=True keeps the one grid.sync().)
 //   v4: v3 with four batch rows per pass (12 independent FMA chains instead of 6) and the lane reduction as a
 //       reduce-scatter (13 shuffles per 4 rows instead of 48 for a butterfly): the same work, less exposed latency.
 //   v5: v3's loop with h_{t-1} W_hh^T on tensor cores (mma.sync: fp16/bf16 as stored, TF32 on float32 tensors), the

@@ -55,7 +55,7 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // lane, S lanes per hidden unit (S*KPT >= H), Hb = kThreads/S units per block.
 // =================================================================================================================
 struct V3Args {
-  const float* gi;  // (T, B, 3H) x_t W_ih^T, fp32, no bias; nullptr: computed in the launch from x and w_ih
+  const float* gi;  // (T, B, 3H) x_t W_ih^T, fp32, no bias
   const void* w_hh;  // (3H, H)
   const void* b_ih;  // (3H)
   const void* b_hh;  // (3H)
@@ -67,10 +67,6 @@ struct V3Args {
   int BC;            // batch rows per shared-memory chunk (BC <= Bb)
   int* counters;     // per batch slice (block index / Ph), zeroed before the launch: slice_wait / slice_arrive
                      // (persistent.cuh); nullptr: one grid-wide barrier a step (cooperative_groups grid.sync())
-  const void* x;     // (T, B, I) the layer's input, read when gi is nullptr
-  const void* w_ih;  // (3H, I): the block's rows go to shared memory (fp32) when gi is nullptr
-  int I;
-  void* h_n;         // (B, H): the last step's h, or nullptr
 };
 
 template <class T>
@@ -132,8 +128,6 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
   float* gis = ghs + BC * 3 * Hb;                                        // [2][Bb][3][Hb] x W_ih^T, double-buffered
   float* hown = gis + 2 * Bb * 3 * Hb;                                   // [Bb][Hb] this block's h, fp32
   float* bias = hown + Bb * Hb;                                          // [6][Hb] b_ih r,z,n, b_hh r,z,n
-  float* wih = bias + 6 * Hb;  // [3][Hb][I] the block's rows of W_ih, fp32 (only when gi is nullptr: the input
-                               // projection runs in this launch)
 
   const T* W = static_cast<const T*>(a.w_hh);
   const T* bih = static_cast<const T*>(a.b_ih);
@@ -164,39 +158,14 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
   }
   if (Kp > H)
     for (int p = tid; p < BC * (Kp - H); p += kThreads) hs[(p / (Kp - H)) * Kp + H + p % (Kp - H)] = from_f<T>(0.f);
-  const int I = a.I;
-  const T* X = static_cast<const T*>(a.x);
-  if (!a.gi) {
-    const T* Wi = static_cast<const T*>(a.w_ih);
-    for (int p = tid; p < 3 * Hb * I; p += kThreads) {
-      const int r = p / I, k = p % I, jj = j0 + r % Hb;  // row r = gate (r / Hb), unit (r % Hb)
-      wih[p] = jj < H ? tof(Wi[(int64_t(r / Hb) * H + jj) * I + k]) : 0.f;
-    }
-    __syncthreads();
-  }
 
   for (int t = 0; t < a.T; ++t) {
-    // 3. This step's input projections, gib[row][gate][unit]: independent of h, so they are prefetched (or, without
-    //    the GEMM, computed) before the wait for the other blocks, in time the wait would leave idle.
+    // 3. Prefetch this step's input projections: independent of h, so they are in flight across the barrier.
     float* gib = gis + (t & 1) * Bb * 3 * Hb;
-    if (a.gi) {
-      const float* gsrc = a.gi + int64_t(t) * B * 3 * H;
-      for (int p = tid; p < nb * 3 * Hb; p += kThreads) {
-        const int uu = p % Hb, g = (p / Hb) % 3, bb = p / (3 * Hb);
-        if (j0 + uu < H) cp_async4(gib + p, gsrc + (int64_t(b0 + bb) * 3 + g) * H + j0 + uu);
-      }
-    } else {  // x_t W_ih^T here: one warp per (row, gate, unit), lanes along I, a butterfly to finish
-      const T* xt = X + (int64_t(t) * B + b0) * I;
-      const int warp = tid / 32, lane = tid % 32;
-      for (int o = warp; o < nb * 3 * Hb; o += kThreads / 32) {
-        const T* xr = xt + int64_t(o / (3 * Hb)) * I;
-        const float* wr = wih + (o % (3 * Hb)) * I;
-        float acc = 0.f;
-        for (int k = lane; k < I; k += 32) acc = fmaf(tof(xr[k]), wr[k], acc);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        if (lane == 0) gib[o] = acc;
-      }
+    const float* gsrc = a.gi + int64_t(t) * B * 3 * H;
+    for (int p = tid; p < nb * 3 * Hb; p += kThreads) {
+      const int uu = p % Hb, g = (p / Hb) % 3, bb = p / (3 * Hb);
+      if (j0 + uu < H) cp_async4(gib + p, gsrc + (int64_t(b0 + bb) * 3 + g) * H + j0 + uu);
     }
     if (t > 0) {  // h_{t-1} of this block's rows is written: by its slice's blocks, or by every block (grid.sync)
       if (a.counters)
@@ -299,7 +268,6 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
         const float hn = ng + zg * (hp - ng);
         hown[bb * Hb + uu] = hn;  // the same thread owns (bb, uu) at every step
         out[(int64_t(t) * B + b0 + bb) * H + jj] = from_f<T>(hn);
-        if (a.h_n && t == a.T - 1) static_cast<T*>(a.h_n)[int64_t(b0 + bb) * H + jj] = from_f<T>(hn);
       }
       // The next chunk's load overwrites hs (read only before the barrier above); its __syncthreads orders the
       // gate phase's reads of ghs before the next dot phase rewrites them.
@@ -311,7 +279,6 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
 // ---- the v3 plan: how the work is split, and whether it fits ----------------------------------------------------
 struct Plan {
   int kpt = 0, s = 0, hb = 0, ph = 0, pb = 0, bb = 0, bc = 0, smem = 0, blocks = 0, max_coresident = 0;
-  int xproj = 0;   // 1: the input projection runs in the launch (W_ih's rows in shared memory), 0: a GEMM before it
   int status = 0;  // 0 ok; 1 hidden too large; 2 batch slice does not fit shared memory; 3 not co-resident;
                    // 4 no cooperative launch on this device; 5 a CUDA error while asking
 };
@@ -330,14 +297,7 @@ const void* v3_kernel_for(int kpt, int s) {
 
 // version 3: rows in pairs, butterfly reduction; version 4: rows in fours, reduce-scatter. A variant build holds the
 // kernels of one (dtype, RB): choosing the version and dtype is the binding's choice of variant name.
-// The input projection moves into the launch (config 1, or config -1 up to kXProjMaxBatch rows) where the block's
-// W_ih rows fit in shared memory beside the rest: at small batch the GEMM before the launch is a few microseconds of
-// a ~85 us layer plus a graph node, and the in-launch product (nb x 3Hb dots of length I a block) runs while the
-// block would wait for its slice anyway; at large batch it would lengthen every step (the GEMM's FLOPs at the
-// persistent kernel's lower FMA rate). config 0: always the GEMM. I = 0: no input known (the plan for display).
-constexpr int kXProjMaxBatch = 8;
-
-inline Plan make_plan(int B, int H, int I = 0, int config = 0) {
+inline Plan make_plan(int B, int H) {
   Plan p;
   p.kpt = H <= 64 ? 8 : H <= 256 ? 16 : H <= 1024 ? 32 : 0;
   if (!p.kpt) {
@@ -365,14 +325,9 @@ inline Plan make_plan(int B, int H, int I = 0, int config = 0) {
   p.pb = (B + p.bb - 1) / p.bb;  // no block without rows
   p.blocks = p.ph * p.pb;
   const int kp = p.kpt * p.s;
-  int fixed = (2 * p.bb * 3 * p.hb + p.bb * p.hb + 6 * p.hb) * 4;
+  const int fixed = (2 * p.bb * 3 * p.hb + p.bb * p.hb + 6 * p.hb) * 4;
   const int row = kp * elem_size(kDtype) + 3 * p.hb * 4;
   const int budget = optin - 1024;  // leave the runtime's reserved shared memory alone
-  const int64_t wih_bytes = int64_t(3) * p.hb * I * 4;
-  if (I > 0 && (config == 1 || (config == -1 && B <= kXProjMaxBatch)) && fixed + wih_bytes + row <= budget) {
-    p.xproj = 1;
-    fixed += int(wih_bytes);
-  }
   p.bc = fixed < budget ? (budget - fixed) / row : 0;
   if (p.bc > p.bb) p.bc = p.bb;
   if (p.bc < 1) {
@@ -391,28 +346,24 @@ inline Plan make_plan(int B, int H, int I = 0, int config = 0) {
 // Launchers (called from cpp_src/gru/gru.cpp), one pair per variant: "gru_v3_plan@f32,2" ... "gru_v3@bf16,4"
 // (rb 2 = version 3, rb 4 = version 4). The variant fixes the dtype (float32, float16 or bfloat16); gi is float.
 // =================================================================================================================
-// info: kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident, xproj. Returns the plan's status (0 = it fits).
-// v3 and v4 have the same split; v4's kernel differs only in its dot-product phase. I: the layer's input size (0:
-// unknown); config: -1 automatic, 0 the input projection as a GEMM before the launch, 1 in the launch.
-int gru_v3_plan(int B, int H, int I, int config, int* info) {
-  const gru::Plan p = gru::make_plan(B, H, I, config);
-  const int v[11] = {p.kpt, p.s, p.hb, p.ph, p.pb, p.bb, p.bc, p.smem, p.blocks, p.max_coresident, p.xproj};
-  for (int i = 0; i < 11; ++i) info[i] = v[i];
+// info: kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident. Returns the plan's status (0 = it fits).
+// v3 and v4 have the same split; v4's kernel differs only in its dot-product phase.
+int gru_v3_plan(int B, int H, int* info) {
+  const gru::Plan p = gru::make_plan(B, H);
+  const int v[10] = {p.kpt, p.s, p.hb, p.ph, p.pb, p.bb, p.bc, p.smem, p.blocks, p.max_coresident};
+  for (int i = 0; i < 10; ++i) info[i] = v[i];
   return p.status;
 }
 
-// counters: at least batch ints, zeroed (the per-slice step counts); nullptr: grid.sync() each step. gi: the input
-// projection (the GEMM) when the plan for (B, H, I, config) has xproj = 0; otherwise x and w_ih are read here. h_n:
-// (B, H) receives the last step's h, or nullptr.
-cudaError_t gru_v3(const float* gi, const void* x, const void* w_ih, const void* w_hh, const void* b_ih,
-                   const void* b_hh, const void* h0, void* out, void* h_n, int T, int B, int H, int I, int config,
-                   int* counters, cudaStream_t stream) {
+// counters: at least batch ints, zeroed (the per-slice step counts); nullptr: grid.sync() each step.
+cudaError_t gru_v3(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0, void* out,
+                   int T, int B, int H, int* counters, cudaStream_t stream) {
   using namespace gru;
   if (T == 0 || B == 0) return cudaSuccess;
-  const Plan p = make_plan(B, H, I, config);
+  const Plan p = make_plan(B, H);
   if (p.status == 3) return cudaErrorCooperativeLaunchTooLarge;
-  if (p.status || (!p.xproj && !gi)) return cudaErrorInvalidConfiguration;
-  V3Args a{p.xproj ? nullptr : gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.ph, p.bb, p.bc, counters, x, w_ih, I, h_n};
+  if (p.status) return cudaErrorInvalidConfiguration;
+  V3Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.ph, p.bb, p.bc, counters};
   void* args[] = {&a};
   // cooperative: the blocks of a slice wait for each other (the counters) or all of them do (grid.sync())
   return launch_cooperative(v3_kernel_for<VT, kRB>(p.kpt, p.s), p.blocks, p.smem, stream, args);

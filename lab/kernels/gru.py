@@ -69,9 +69,7 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
 
     params: 4 tensors per layer (w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,)), like nn.GRU._flat_weights.
     out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' .. 'v5' (default: see _default).
-    config: v5's warp grid, 0..7 (-1: the plan's choice; v5_plan says which); for v3/v4 where the input projection
-    runs: -1 the plan's choice (in the launch up to batch 8), 0 a cuBLAS GEMM before the launch, 1 in the launch
-    (v3_plan(..., input_size, config)["input_in_launch"] says which); v1/v2 ignore it. grid_sync:
+    config: v5's warp grid, 0..7 (-1: the plan's choice; v5_plan says which; other versions ignore it); grid_sync:
     v3, v4 and v5 wait at one grid-wide barrier a step (their first design) instead of for the blocks of their own
     batch slice (v1, v2 and the CPU ignore it).
     """
@@ -88,12 +86,10 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
                                    grid_sync))
 
 
-def v3_plan(batch: int, hidden: int, dtype: torch.dtype = torch.float32, version: str = "v3", input_size: int = 0,
-            config: int = -1) -> dict:
+def v3_plan(batch: int, hidden: int, dtype: torch.dtype = torch.float32, version: str = "v3") -> dict:
     """How v3 (or v4: the same split) divides the work on this GPU: units per block, batch slices, shared memory,
-    blocks, whether all blocks fit on the chip at once (status 0), and whether the input projection runs in the
-    launch (input_in_launch; input_size 0: not asked, a GEMM before it). The binding names the fields."""
-    return dict(ext().v3_plan(batch, hidden, DTYPE_CODE[dtype], version_number(version), input_size, config))
+    blocks, and whether all blocks fit on the chip at once (status 0). The binding names the fields."""
+    return dict(ext().v3_plan(batch, hidden, DTYPE_CODE[dtype], version_number(version)))
 
 
 def v5_plan(batch: int, hidden: int, dtype: torch.dtype = torch.bfloat16, config: int = -1) -> dict:
