@@ -26,6 +26,18 @@
 //              128 x 12 x 512 = 0.79 M FMA = 3.1 us; each block reads h (256 KB) and [emb | h] (393 KB) from L2.
 //   batch 1:   no arithmetic to speak of: two grid barriers (~1.2 us each on this H100), the L2 round trips of h and
 //              of the keys, the argmax merge.
+// Designs measured on the H100 (greedy_decode rows in results/, notebook 04 section 7; the numbers are printed there):
+//   52d0861  A staged through registers (a division per element), the argmax one thread per row: ahead of the
+//            step-by-step decoder at batch 1 and 8, behind it from 32 up, short of 3x the reference at batch 1.
+//   13af2d9  gate inputs and fc_ctx loaded before the product, argmax one warp per row: batch 1 slightly faster,
+//            batch 128 slower (the argmax loop was not the bulk of a step).
+//   3c20150  A by cp.async.cg, FMAs in independent rounds (this file): the largest gain of the rungs at every batch
+//            measured; past 3x the reference at batch 1.
+//   c533b23/65a9b41  the weights by bulk copies on mbarriers, the prologue's zero fill by rows: a shorter start of
+//            the launch (the one-step launch of LabSeq2Seq.step_fused depends on it most).
+// What bounds it (ncu, notebook 04): at batch 1 the blocks wait (barrier stalls lead): two grid barriers a step and
+// a chain of dependent L2 round trips; at batch 128 fc_out's tile, 8 warps an SM at ~250 registers, stalls on
+// fixed-latency FMA dependences and shared-memory operand loads with the FP32 pipe far from busy.
 // Limits (the plan's status, the binding's message): batch <= kMaxBatch (tokens and flags in shared memory), both
 // weight slices and the staging buffers within the block's shared memory, all G blocks co-resident.
 #include "cooperative.cuh"
@@ -202,7 +214,8 @@ __device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int
       const float* gt = a.gi_tab + int64_t(tok < 0 ? 0 : tok) * 3 * H;  // tok < 0: a poisoned row (NaN below)
       const float* gc = a.gi_ctx + int64_t(b) * 3 * H;
 #pragma unroll
-      for (int c = 0; c < 3; ++c) gi[i][c] = tok < 0 ? __int_as_float(0x7fc00000) : __ldg(gt + c * H + j) + __ldg(gc + c * H + j);
+      for (int c = 0; c < 3; ++c)
+        gi[i][c] = tok < 0 ? __int_as_float(0x7fc00000) : __ldg(gt + c * H + j) + __ldg(gc + c * H + j);
       hp[i] = __ldcg(hprev + int64_t(b) * ldp + j);
     }
   }
