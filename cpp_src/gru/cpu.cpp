@@ -98,6 +98,13 @@ void gates_cpu(const Acc* gip, int64_t ldgi, const Acc* ghp, int64_t ldgh, const
   });
 }
 
+// torch.argmax's order, for a scan from the first index: v (at a later index) takes over from the best so far when
+// it is larger or NaN, and nothing takes over from a NaN (NaN is the largest; the first maximum wins).
+template <class T>
+inline bool argmax_takes(T v, T best) {
+  return !std::isnan(best) && (std::isnan(v) || v > best);
+}
+
 // ---- decoder_prep: the decoder step's token pick and gathers -----------------------------------------------------
 // tok[b] = argmax(logits[b, :nl]) when logits is given, else tokens[b]. The binding checks every token against the
 // vocabulary (with the row's name in the message) before it calls decoder_gather_cpu.
@@ -107,11 +114,8 @@ void decoder_tokens_cpu(const T* logits, int64_t ldl, int64_t nl, const int64_t*
     if (logits) {  // torch.argmax order: NaN is largest, the first maximum wins
       const T* row = logits + b * ldl;
       int64_t bi = 0;
-      for (int64_t i = 1; i < nl; ++i) {
-        const T v = row[i], bv = row[bi];
-        if (std::isnan(bv)) break;
-        if (std::isnan(v) || v > bv) bi = i;
-      }
+      for (int64_t i = 1; i < nl; ++i)
+        if (argmax_takes(row[i], row[bi])) bi = i;
       tok[b] = bi;
     } else {
       tok[b] = tokens[b];
@@ -171,7 +175,7 @@ void greedy_cpu(const T* ctx, int64_t ld_ctx, const T* gi_ctx, const T* fc_ctx, 
         for (int64_t v = 0; v < V; ++v) {  // torch.argmax: NaN is largest, the first max wins
           const T val = dot(x.data(), w_fc + v * K, K) + fc_ctx[b * V + v];
           if (logits && t == Tn - 1) logits[b * V + v] = val;
-          if (v == 0 || (!std::isnan(bv) && (std::isnan(val) || val > bv))) bv = val, best = v;
+          if (v == 0 || argmax_takes(val, bv)) bv = val, best = v;
         }
         if (finished) best = eos;
         else if (best == eos) finished = true;

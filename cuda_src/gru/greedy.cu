@@ -53,7 +53,6 @@ namespace cg = cooperative_groups;
 constexpr int kStage = 4608;     // floats per staging buffer (two of them): 128 batch rows x (32 + 4) columns
 constexpr int kMaxBatch = 1024;  // tokens and <eos> flags of every row in shared memory (8 KB)
 constexpr int kMaxTB = 8;        // batch rows per thread, at most
-constexpr int kPre = kStage / kThreads;  // staged elements per thread per chunk, at most (18)
 
 struct GreedyArgs {
   // Hp, Ep: H and E rounded up to 4, the row strides of h and emb (16-byte rows for cp.async; the binding pads with
