@@ -25,7 +25,7 @@ def test_every_version_matches_nn_gru(device, dtype):
     # CPU (CI, 2 cores): two seeds; the float64 nn.GRU reference dominates the time
     rs = verify.check_op(OP, device, dtypes=[dtype], seeds=(0, 1) if device == "cpu" else (0, 1, 2))
     assert rs, "no version ran"
-    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3", "v4", "v5"})
+    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3", "v4", "v5", "v6"})
     bad = [r.details() for r in rs if not r.passed]
     assert not bad, "\n".join(bad)
 
@@ -44,7 +44,7 @@ def test_float64_matches_nn_gru_to_rounding(device, shape):
 def test_no_h0_is_zeros(device):
     x, _, params = _inputs(4, 3, 5, 7, L=2, device=device)
     zeros = torch.zeros(2, 3, 7, device=device)
-    for v in (["cpu"] if device == "cpu" else ["v1", "v2", "v3", "v4", "v5"]):
+    for v in (["cpu"] if device == "cpu" else ["v1", "v2", "v3", "v4", "v5", "v6"]):
         a, b = kgru.gru(x, None, params, version=v), kgru.gru(x, zeros, params, version=v)
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         assert torch.equal(a[1][-1], a[0][-1]), "h_n of the last layer must be the last output step"
@@ -73,7 +73,7 @@ def test_v3_plan_splits_hidden_512_over_the_chip():
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5", "v6"])
 @pytest.mark.parametrize("dtype", kgru.V3_DTYPES, ids=str)
 def test_persistent_kernels_are_deterministic(dtype, version):
     # a missing barrier shows up as run-to-run differences on the same inputs
@@ -85,7 +85,7 @@ def test_persistent_kernels_are_deterministic(dtype, version):
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4", "v5"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4", "v5", "v6"])
 def test_cuda_graph_replay_matches_eager(version):
     x, h0, params = _inputs(6, 16, 32, 64, L=2, device="cuda", seed=2)
     out = (torch.empty(6, 16, 64, device="cuda"), torch.empty(2, 16, 64, device="cuda"))
@@ -272,7 +272,8 @@ def test_cpu_tensors_refuse_cuda_versions_and_bad_tokens():
     x, h0, params = _inputs(2, 2, 3, 4)
     with pytest.raises(ValueError, match=r"version 3 is a CUDA kernel but x is on the CPU"):
         kgru.gru(x, h0, params, version="v3")
-    with pytest.raises(ValueError, match=r"config must be -1 \(automatic\) or 0\.\.7 \(v5's warp grids\), got 9"):
+    with pytest.raises(ValueError, match=r"config must be -1 \(automatic\), 0\.\.7 \(v5's warp grids\) or 1\.\.4 "
+                                         r"\(v6's layers per launch\), got 9"):
         kgru.gru(x, h0, params, version="cpu", config=9)
     emb, gtab, gctx = torch.zeros(5, 2), torch.zeros(5, 3), torch.zeros(1, 3)
     with pytest.raises(ValueError, match=r"tokens\[0\] = 9 is outside the vocabulary \[0, 5\)"):
@@ -320,7 +321,7 @@ def test_default_version_keeps_the_precision_and_follows_the_batch():
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5", "v6"])
 def test_slice_counters_and_grid_barrier_give_the_same_bits(version):
     # the two ways the persistent versions meet between steps change only who waits for whom, not one operation: any
     # missing wait shows up as a bit difference (h read before it was written)
@@ -329,3 +330,72 @@ def test_slice_counters_and_grid_barrier_give_the_same_bits(version):
         a = kgru.gru(x, h0, params, version=version)
         b = kgru.gru(x, h0, params, version=version, grid_sync=True)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (dt, B)
+
+
+# ---- v6: the stack as a wavefront -------------------------------------------------------------------------------
+STACK = registry.get("gru").op("gru_stack")
+
+
+@pytest.mark.parametrize("device", devices())
+def test_stack_every_version_matches_nn_gru(device):
+    # 2-4 layers; on the GPU v6 runs them as one wavefront (small hidden), in two launches (512, 3 layers) or layer
+    # by layer (hidden 1024), with batch slices and shared-memory chunks: every version against float64 nn.GRU
+    dts = [torch.float32] if device == "cpu" else list(STACK.dtypes)
+    rs = verify.check_op(STACK, device, dtypes=dts, seeds=(0,) if device == "cpu" else (0, 1))
+    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3", "v4", "v5", "v6"})
+    bad = [r.details() for r in rs if not r.passed]
+    assert not bad, "\n".join(bad)
+
+
+@needs_gpu
+def test_v6_plan_runs_as_many_layers_as_fit():
+    # hidden 512: 32 blocks per role; 2 layers are 3 roles (96 blocks), 3 layers would be 5 (160 > 132 SMs)
+    p2, p3 = kgru.v6_plan(1, 512, 2), kgru.v6_plan(1, 512, 3)
+    assert p2["status"] == 0 and p2["layers_per_launch"] == 2 and p2["blocks"] == 3 * p2["hidden_slices"], p2
+    assert p3["layers_per_launch"] == 2, p3
+    assert kgru.v6_plan(1, 512, 2, config=1)["layers_per_launch"] == 1
+    assert kgru.v6_plan(4, 64, 3)["layers_per_launch"] == 3
+    assert kgru.v6_plan(1, 1024, 2)["layers_per_launch"] == 1  # 3 roles of 128 blocks do not fit
+    big = kgru.v6_plan(64, 512, 2)
+    assert big["rows_per_pass"] == 4 and big["batch_slices"] * big["rows_per_block"] >= 64, big
+    assert kgru.v6_plan(1, 512, 2, config=5)["status"] == 6
+    assert kgru.v6_plan(1, 2048, 2)["status"] == 1
+
+
+@needs_gpu
+@pytest.mark.parametrize("B", [1, 3, 130])
+def test_v6_on_one_layer_is_v3_bit_for_bit(B):
+    # one layer is one role: v3's split, v3's step (rowstep.cuh), two rows a pass below 8 rows a block (v3) and four
+    # from there (v4): the same operations in the same order
+    x, h0, params = _inputs(7, B, 24, 200, dtype=torch.float32, device="cuda", seed=B)
+    want = kgru.gru(x, h0, params, version="v4" if kgru.v6_plan(B, 200, 1)["rows_per_pass"] == 4 else "v3")
+    got = kgru.gru(x, h0, params, version="v6")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", kgru.V3_DTYPES, ids=str)
+def test_v6_wavefront_and_layer_by_layer_agree_with_nn_gru(dtype):
+    # config 1: a launch per layer (the next layer's input projection a cuBLAS GEMM); -1: one wavefront launch (the
+    # projection computed in the launch): both against float64 nn.GRU, and layer 0 identical in both
+    x, h0, params = _inputs(11, 5, 48, 160, L=3, dtype=dtype, device="cuda", seed=9)
+    ref = kgru.gru_ref(*verify.upcast((x, h0, params)))
+    assert kgru.v6_plan(5, 160, 3, dtype)["layers_per_launch"] == 3
+    wave = kgru.gru(x, h0, params, version="v6")
+    step = kgru.gru(x, h0, params, version="v6", config=1)
+    verify.assert_close(wave, ref, dtype, what="v6 wavefront")
+    verify.assert_close(step, ref, dtype, what="v6 layer by layer")
+    assert torch.equal(wave[1][0], step[1][0]), "layer 0 runs the same operations in both"
+
+
+@needs_gpu
+def test_v6_bad_config_names_its_range():
+    x, h0, params = _inputs(3, 2, 5, 8, L=2, device="cuda")
+    with pytest.raises(ValueError, match=r"gru v6: config is the most layers one launch runs: -1 \(automatic\) or "
+                                         r"1\.\.4, got 0"):
+        kgru.gru(x, h0, params, version="v6", config=0)
+    with pytest.raises(TypeError, match=r"gru v6 supports Float, Half and BFloat16, got Double"):
+        kgru.gru(x.double(), h0.double(), [p.double() for p in params], version="v6")
+    xb, _, pb = _inputs(2, 2, 3, 2048, L=2, device="cuda")
+    with pytest.raises(ValueError, match=r"gru v6 cannot run batch 2, hidden 2048, 2 layer\(s\).*hidden <= 1024.*use v2"):
+        kgru.gru(xb, None, pb, version="v6")

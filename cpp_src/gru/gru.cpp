@@ -3,10 +3,10 @@
 // (lab::launcher, lab_common.h). No kernel code here: editing a kernel never recompiles this file.
 //
 //   gru_forward(x, h0, params, out, h_n, version, config)  nn.GRU's forward: (seq_len, batch, input) -> out, h_n.
-//       version 0: C++ on the CPU (cpp_src/gru/cpu.cpp); 1..5: cuda_src/gru/'s v1..v5 (see gru.cuh's header).
-//       config: v5's warp grid (-1: the plan's choice; 0..7 force one; the other versions ignore it); grid_sync: v3,
-//       v4 and v5 meet at one grid-wide barrier a step (cooperative_groups) instead of per-batch-slice step counters
-//       (v1/v2 ignore it).
+//       version 0: C++ on the CPU (cpp_src/gru/cpu.cpp); 1..6: cuda_src/gru/'s v1..v6 (see gru.cuh's header).
+//       config: v5's warp grid (-1: the plan's choice; 0..7 force one), v6's most layers per launch (-1: the
+//       plan's choice; 1..4); the other versions ignore it. grid_sync: v3..v6 meet at one grid-wide barrier a step
+//       (cooperative_groups; v6: a wave) instead of per-batch-slice step counters (v1/v2 ignore it).
 //   gru_gates(gi, gh, b_ih, b_hh, h_prev, h_out)   one GRU cell's pointwise half (gates + update), rows may be
 //       strided: the seq2seq decoder writes h straight into its [emb | h] buffer.
 //   decoder_prep(logits | tokens, tokens_out, emb, gi_table, gi_ctx, xh, gi)   the decoder step's token pick
@@ -16,6 +16,7 @@
 //   greedy_plan(batch, hidden, emb_dim, vocab)       whether and how the one-launch decoder runs on this GPU.
 //   v3_plan(batch, hidden, dtype_code, version)      how v3/v4 split the work on this GPU (for the notebook).
 //   v5_plan(batch, hidden, dtype_code, config)       how v5 splits it: its configuration, slices, shared memory.
+//   v6_plan(batch, hidden, layers, dtype_code, config)  how v6 splits a stack: layers per launch, slices, blocks.
 //
 // Every function writes into tensors the caller allocated (the lab poisons them with NaN before a check). CUDA
 // versions run on the current stream; GEMMs go to cuBLAS through ATen: for fp16/bf16 with an fp32 output
@@ -24,7 +25,8 @@
 // Launchers: "gru_gates" (cuda_src/gru/gates.cu), "gru_decoder_prep" (decoder.cu), "gru_greedy_plan" /
 // "gru_greedy" (greedy.cu), and per variant of v3.cu
 // "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" (dtype f32/f16/bf16; rb 2 = v3, rb 4 = v4), per variant of
-// v5.cu "gru_v5_plan@<dtype>" / "gru_v5@<dtype>" (f32 multiplies in TF32); the CPU unit's
+// v5.cu "gru_v5_plan@<dtype>" / "gru_v5@<dtype>" (f32 multiplies in TF32), per variant of v6.cu
+// "gru_v6_plan@<dtype>,<rb>" / "gru_v6@<dtype>,<rb>"; the CPU unit's
 // "gru_layer_cpu_<dtype>", "gru_gates_cpu_<dtype>", "decoder_tokens_cpu_<dtype>", "decoder_gather_cpu_<dtype>",
 // "greedy_decode_cpu_<dtype>" (f32, f64: float16/bfloat16 tensors are widened to float here, and the float result
 // rounded back).
@@ -50,6 +52,10 @@ using V3PlanCuda = int (*)(int B, int H, int* info);
 using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
                                void* out, int T, int B, int H, int* counters, cudaStream_t stream);
 using V5PlanCuda = int (*)(int B, int H, int config, int* info);
+using V6PlanCuda = int (*)(int B, int H, int L, int config, int* info);
+using V6Cuda = cudaError_t (*)(int L, const void* const* w_ih, const void* const* w_hh, const void* const* b_ih,
+                               const void* const* b_hh, const void* const* h0, void* const* out, float* const* gi,
+                               int T, int B, int H, int config, int* counters, cudaStream_t stream);
 using V5Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
                                void* out, int T, int B, int H, int config, int* counters, cudaStream_t stream);
 using DecoderPrepCuda = cudaError_t (*)(int dtype, const void* logits, int64_t ldl, int V, const int64_t* tok_in,
@@ -81,7 +87,7 @@ using GatherCpu = void (*)(const int64_t* tok, const T* emb, int64_t E, const T*
                            T* xh, int64_t ldxh, T* gi, int64_t B);
 
 
-constexpr int kMaxVersion = 5;
+constexpr int kMaxVersion = 6;
 
 int dtype_code(at::ScalarType t) {
   switch (t) {
@@ -211,6 +217,84 @@ std::string v3_plan_error(int64_t version, int status, const int* info, int64_t 
   return o + "; use v2";
 }
 
+// v6 (cuda_src/gru/v6.cu) is built per dtype and rows-per-pass like v3.cu; it takes v4's four rows a pass (rb 4)
+// where a block has at least this many batch rows (v4 is ahead of v3 from 8 rows a block: batch 32 in v3's split).
+constexpr int kV6Rb4Rows = 8;
+
+std::string v6_variant(const char* name, int dtype, int rb) {
+  static const char* dt[3] = {"f32", "f16", "bf16"};
+  return lab::cat(name, "@", dt[dtype], ",", rb);
+}
+
+int v6_plan_call(int dtype, int B, int H, int L, int config, int* info, int* rb) {
+  const int status = lab::launcher<V6PlanCuda>(v6_variant("gru_v6_plan", dtype, 2))(B, H, L, config, info);
+  *rb = info[5] >= kV6Rb4Rows ? 4 : 2;
+  if (status != 0 || *rb == 2) return status;
+  return lab::launcher<V6PlanCuda>(v6_variant("gru_v6_plan", dtype, 4))(B, H, L, config, info);
+}
+
+std::string v6_plan_error(int status, const int* info, int64_t B, int64_t H, int64_t L, at::ScalarType dt,
+                          int64_t config) {
+  std::string o = lab::cat("gru v6 cannot run batch ", B, ", hidden ", H, ", ", L, " layer(s), ", dt, " on this GPU: ");
+  switch (status) {
+    case 1: o += "it keeps W_hh in registers as v3 does, so hidden <= 1024"; break;
+    case 2: o += lab::cat("one block's batch slice (", info[5], " rows) and its buffers do not fit in shared memory"); break;
+    case 3: o += lab::cat("its blocks wait for each other, so all ", info[8], " must be co-resident, the GPU holds ",
+                          info[9], " at once"); break;
+    case 4: o += "the device does not support cooperative launches"; break;
+    case 6: return lab::cat("gru v6: config is the most layers one launch runs: -1 (automatic) or 1..4, got ", config);
+    default: o += lab::cat("a CUDA error while planning the launch (", cudaGetErrorString(cudaGetLastError()), ")"); break;
+  }
+  return o + "; use v2";
+}
+
+// v6: the stack in launches of the plan's layers each, every launch a wavefront of its layers (v6.cu's header).
+void forward_v6(const at::Tensor& x, const at::Tensor& h0, const std::vector<at::Tensor>& params, at::Tensor& out,
+                at::Tensor& h_n, int64_t config, bool grid_sync) {
+  const int64_t L = int64_t(params.size()) / 4, Tn = x.size(0), B = x.size(1), H = params[1].size(1);
+  const int dt = dtype_code(x.scalar_type());
+  const int b = lab::check_int32(B, "batch"), h = lab::check_int32(H, "hidden"), tn = lab::check_int32(Tn, "seq_len");
+  cudaStream_t st = LAB_STREAM();
+  at::Tensor in = x;
+  for (int64_t l0 = 0; l0 < L;) {
+    int info[11], rb = 2;
+    const int status = v6_plan_call(dt, b, h, int(L - l0), int(config), info, &rb);
+    LAB_CHECK_VALUE(status == 0, v6_plan_error(status, info, B, H, L - l0, x.scalar_type(), config));
+    const int n = info[10], pb = info[4];  // layers in this launch, batch slices
+    const void *w_ih[4], *w_hh[4], *b_ih[4], *b_hh[4], *h0p[4];
+    void* outp[4];
+    float* gi[4];
+    std::vector<at::Tensor> keep;  // the launch's buffers, alive until it is enqueued (the caching allocator's
+                                   // stream semantics keep their memory for the stream)
+    for (int i = 0; i < n; ++i) {
+      const int64_t l = l0 + i;
+      w_ih[i] = params[size_t(4 * l)].data_ptr(), w_hh[i] = params[size_t(4 * l + 1)].data_ptr();
+      b_ih[i] = params[size_t(4 * l + 2)].data_ptr(), b_hh[i] = params[size_t(4 * l + 3)].data_ptr();
+      h0p[i] = h0.defined() ? h0.select(0, l).data_ptr() : nullptr;
+      keep.push_back(l == L - 1 ? out : at::empty({Tn, B, H}, x.options()));  // layer l's output sequence
+      outp[i] = keep.back().data_ptr();
+      if (i == 0) {  // the first layer's input projection: one GEMM, as in v3
+        keep.push_back(proj(in.view({Tn * B, in.size(2)}), params[size_t(4 * l)]));
+      } else {       // written by the launch's projection role
+        keep.push_back(at::empty({Tn, B, 3 * H}, x.options().dtype(at::kFloat)));
+      }
+      gi[i] = keep.back().data_ptr<float>();
+    }
+    const at::Tensor counters =
+        grid_sync ? at::Tensor() : at::zeros({(2 * n - 1) * pb}, x.options().dtype(at::kInt));
+    const V6Cuda gru_v6 = lab::launcher<V6Cuda>(v6_variant("gru_v6", dt, rb));
+    LAB_CUDA_CHECK(gru_v6(n, w_ih, w_hh, b_ih, b_hh, h0p, outp, gi, tn, b, h, int(config),
+                          grid_sync ? nullptr : counters.data_ptr<int>(), st),
+                   "gru v6 persistent wavefront kernel (cooperative launch)");
+    for (int i = 0; i < n; ++i) {
+      const at::Tensor& o = keep[size_t(2 * i)];
+      h_n.select(0, l0 + i).copy_(o.select(0, Tn - 1));
+    }
+    in = keep[size_t(2 * (n - 1))];
+    l0 += n;
+  }
+}
+
 void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tensor& in, const at::Tensor& w_ih,
                 const at::Tensor& w_hh, const at::Tensor& b_ih, const at::Tensor& b_hh, const at::Tensor& h0l,
                 at::Tensor& o) {
@@ -296,13 +380,23 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
   const std::pair<int64_t, int64_t> dims = check_forward(x, h0, params, out, h_n);
   const int64_t L = dims.first, H = dims.second;
   lab::check_version(x, "x", version, 1, kMaxVersion, "gru");
-  LAB_CHECK_VALUE(config >= -1 && config < 8, "config must be -1 (automatic) or 0..7 (v5's warp grids), got ",
+  LAB_CHECK_VALUE(config >= -1 && config < 8, "config must be -1 (automatic), 0..7 (v5's warp grids) or 1..4 (v6's "
+                  "layers per launch), got ",
                   config);
   const bool has_h0 = h0 && h0->defined();
   const int64_t Tn = x.size(0), B = x.size(1);
   if (version >= 3)
     LAB_CHECK_TYPE(x.scalar_type() != at::kDouble, "gru v", version, " supports Float, Half and BFloat16, got "
                      "Double (v1, v2 and the CPU version take float64)");
+  if (version == 6 && x.is_cuda()) {
+#ifdef LAB_WITH_CUDA
+    c10::cuda::CUDAGuard guard(x.device());
+    forward_v6(x, has_h0 ? *h0 : at::Tensor(), params, out, h_n, config, grid_sync);
+    return {out, h_n};
+#else
+    LAB_NO_CUDA_BUILD("gru_forward");
+#endif
+  }
   at::Tensor in = x;
   for (int64_t l = 0; l < L; ++l) {
     at::Tensor o = l == L - 1 ? out : at::empty({Tn, B, H}, x.options());  // layer l's output: layer l+1's input
@@ -723,8 +817,33 @@ py::dict v5_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t con
   return d;
 }
 
+// v6's plan for a stack of `layers` (v6.cu's gru_v6_plan; the binding picks the rows-per-pass variant as
+// forward_v6 does). "layers_per_launch": how many layers the first launch runs as a wavefront.
+py::dict v6_plan(int64_t batch, int64_t hidden, int64_t layers, int64_t dtype_code_, int64_t config) {
+  LAB_CHECK_VALUE(dtype_code_ >= 0 && dtype_code_ <= 2, "dtype_code must be 0 (float32), 1 (float16) or 2 "
+                    "(bfloat16), got ", dtype_code_);
+  LAB_CHECK_VALUE(batch >= 1 && hidden >= 1 && layers >= 1, "batch, hidden and layers must be >= 1, got ", batch,
+                  ", ", hidden, ", ", layers);
+  py::dict d;
+#ifdef LAB_WITH_CUDA
+  static const char* kInfoNames[11] = {"kpt", "lanes_per_unit", "units_per_block", "hidden_slices", "batch_slices",
+                                       "rows_per_block", "rows_per_chunk", "smem_bytes", "blocks", "max_coresident",
+                                       "layers_per_launch"};
+  int info[11], rb = 2;
+  const int status = v6_plan_call(int(dtype_code_), lab::check_int32(batch, "batch"),
+                                  lab::check_int32(hidden, "hidden"), lab::check_int32(layers, "layers"),
+                                  int(config), info, &rb);
+  d["status"] = status;  // as v3_plan's, and 6: a bad config
+  d["rows_per_pass"] = rb;
+  for (int i = 0; i < 11; ++i) d[kInfoNames[i]] = info[i];
+#else
+  LAB_NO_CUDA_BUILD("v6_plan");
+#endif
+  return d;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "GRU family: nn.GRU forward (version 0 = C++ CPU, 1..5 = CUDA), the decoder step's pieces";
+  m.doc() = "GRU family: nn.GRU forward (version 0 = C++ CPU, 1..6 = CUDA), the decoder step's pieces";
   m.def("gru_forward", lab::bind(gru_forward),
         "gru_forward(x, h0|None, params, out, h_n, version, config, grid_sync) -> (out, h_n)");
   m.def("gru_gates", lab::bind(gru_gates_op),
@@ -743,5 +862,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("v5_plan", lab::bind(v5_plan),
         "v5_plan(batch, hidden, dtype_code, config) -> {status, config, units_per_block, rows_per_chunk, k_split, "
         "hidden_slices, batch_slices, rows_per_block, k_padded, smem_bytes, blocks, max_coresident, cost_ns}");
+  m.def("v6_plan", lab::bind(v6_plan),
+        "v6_plan(batch, hidden, layers, dtype_code, config) -> {status, rows_per_pass, kpt, lanes_per_unit, "
+        "units_per_block, hidden_slices, batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, "
+        "max_coresident, layers_per_launch}");
   LAB_BIND_UNITS(m);
 }

@@ -5,7 +5,7 @@
 // one RB: rb=2 is v3 (rows in pairs, butterfly), rb=4 is v4 (rows in fours, reduce-scatter). The binding picks
 // "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" by version and dtype. The plan asks the occupancy API about the
 // kernel it would launch, so plan and launch live here together.
-#include "persistent.cuh"
+#include "rowstep.cuh"
 
 // cooperative_groups.h without the libcu++ headers it would pull in (cuda/std/type_traits, cuda/atomic): the unit
 // needs only this_grid().sync(), and those headers were ~2.2 of this unit's ~5 s nvcc run on the 2-core machine.
@@ -25,31 +25,6 @@ constexpr int kRB = 4;
 #error "gru/v3.cu is built per variant (// lab:variants above): -DLAB_VARIANT_rb_2 or _rb_4"
 #endif
 
-// Four consecutive elements of the shared-memory h tile, widened to fp32.
-__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 ld4(const __nv_bfloat16* p) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);  // bf16 -> fp32 is a 16-bit shift
-  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
-                     __uint_as_float(v.y & 0xffff0000u));
-}
-__device__ __forceinline__ float4 ld4(const __half* p) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);
-  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
-  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-
-// ---- cp.async (sm_80+): copies that complete asynchronously into shared memory ---------------------------------
-__device__ __forceinline__ void cp_async16_cg(void* smem, const void* gmem) {  // 16 B, L2 only (coherent)
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {  // 4 B; for read-only inputs
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 // =================================================================================================================
 // v3: the persistent kernel (see gru.cuh for the work split). Template: storage type T, KPT columns of W_hh per
 // lane, S lanes per hidden unit (S*KPT >= H), Hb = kThreads/S units per block.
@@ -68,48 +43,6 @@ struct V3Args {
   int* counters;     // per batch slice (block index / Ph), zeroed before the launch: slice_wait / slice_arrive
                      // (persistent.cuh); nullptr: one grid-wide barrier a step (cooperative_groups grid.sync())
 };
-
-template <class T>
-__device__ void load_rows(T* hs, int Kp, const T* src, int nr, int H) {
-  if (!src) {  // h0 = zeros
-    for (int p = threadIdx.x; p < nr * H; p += kThreads) hs[(p / H) * Kp + p % H] = from_f<T>(0.f);
-    return;
-  }
-  constexpr int E = 16 / sizeof(T);  // elements per 16-byte copy
-  if (H % E == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-    const int cpr = H / E;
-    for (int p = threadIdx.x; p < nr * cpr; p += kThreads) {
-      const int r = p / cpr, c = p % cpr;
-      cp_async16_cg(hs + r * Kp + c * E, src + int64_t(r) * H + c * E);
-    }
-  } else {  // odd hidden sizes or a misaligned h0: element loads from L2
-    for (int p = threadIdx.x; p < nr * H; p += kThreads) {
-      const int r = p / H, k = p % H;
-      hs[r * Kp + k] = ldcg(src + int64_t(r) * H + k);
-    }
-  }
-}
-
-// v4's lane reduction: a reduce-scatter. Each of the S lanes holds NV partial sums; at every level a lane keeps one
-// half of its values and sends the other half to its partner (lane ^ OFF), so the values to sum halve each level:
-// NV/2 + NV/4 + ... shuffles (15 for 16 values over 16 lanes) instead of NV * log2(S) for a full butterfly (64).
-// Afterwards lane s holds the sums of values [s*NV/S, (s+1)*NV/S) when S <= NV, or of value s/(S/NV) when S > NV.
-template <int OFF, int N, int NV>
-__device__ __forceinline__ void reduce_scatter(float (&v)[NV], int s) {
-  if constexpr (N > 1) {
-    const bool upper = (s & OFF) != 0;  // this lane keeps the upper half
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) {
-      const float send = upper ? v[i] : v[i + N / 2];
-      const float keep = upper ? v[i + N / 2] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
-    }
-    if constexpr (OFF > 1) reduce_scatter<OFF / 2, N / 2, NV>(v, s);
-  } else {
-    v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);  // more lanes than values: plain butterfly
-    if constexpr (OFF > 1) reduce_scatter<OFF / 2, 1, NV>(v, s);
-  }
-}
 
 template <class T, int KPT, int S, int RB>
 __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
@@ -138,15 +71,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
   // 1. This lane's slice of its unit's three W_hh rows, into registers for the whole sequence. Lane s holds columns
   //    c*4S + 4s + {0..3}: a warp's 16-byte reads of an h row are then contiguous and conflict-free.
   float w[3][KPT];
-#pragma unroll
-  for (int g = 0; g < 3; ++g)
-#pragma unroll
-    for (int c = 0; c < KPT / 4; ++c)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int k = c * 4 * S + s * 4 + i;
-        w[g][c * 4 + i] = (j < H && k < H) ? tof(W[(int64_t(g) * H + j) * H + k]) : 0.f;
-      }
+  load_w<T, KPT, S>(w, W, j, s, H);
   // 2. Biases, the block's own h (fp32), and zeros in the pad columns of the h tile (0 * garbage could be NaN).
   for (int p = tid; p < 6 * Hb; p += kThreads) {
     const int g = p / Hb, jj = j0 + p % Hb;
@@ -181,94 +106,10 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
       cp_async_wait_all();
       __syncthreads();  // the h tile (and the prefetched gi) visible to all
 
-      if constexpr (RB == 4) {
-        // 4'. v4: four rows at a time (12 FMA chains, 16 values with a zero pad per row), reduce-scatter.
-        constexpr int NV = 16;
-        for (int r = 0; r < nr; r += 4) {
-          const T* hq[4];
-#pragma unroll
-          for (int q = 0; q < 4; ++q) hq[q] = hs + min(r + q, nr - 1) * Kp + s * 4;  // past the end: repeat
-          float acc[NV];
-#pragma unroll
-          for (int i = 0; i < NV; ++i) acc[i] = 0.f;
-#pragma unroll
-          for (int c = 0; c < KPT / 4; ++c) {
-            float4 x[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) x[q] = ld4(hq[q] + c * 4 * S);
-#pragma unroll
-            for (int g = 0; g < 3; ++g)
-#pragma unroll
-              for (int q = 0; q < 4; ++q) {
-                float& y = acc[q * 4 + g];
-                y = fmaf(w[g][c * 4 + 0], x[q].x, y);
-                y = fmaf(w[g][c * 4 + 1], x[q].y, y);
-                y = fmaf(w[g][c * 4 + 2], x[q].z, y);
-                y = fmaf(w[g][c * 4 + 3], x[q].w, y);
-              }
-          }
-          reduce_scatter<S / 2, NV, NV>(acc, s);
-          if constexpr (S <= NV) {
-#pragma unroll
-            for (int i = 0; i < NV / S; ++i) {
-              const int idx = s * (NV / S) + i, q = idx / 4, g = idx % 4;  // value idx = row q, gate g (3: pad)
-              if (g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[i];
-            }
-          } else {
-            const int idx = s / (S / NV), q = idx / 4, g = idx % 4;
-            if (s % (S / NV) == 0 && g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[0];
-          }
-        }
-      } else {
-        // 4. h W_hh^T for (row, unit u), two rows at a time: 6 FMA chains, KPT/4 x 2 16-byte shared loads.
-        for (int r = 0; r < nr; r += 2) {
-          const int r1 = min(r + 1, nr - 1);
-          const T* ha = hs + r * Kp + s * 4;
-          const T* hb = hs + r1 * Kp + s * 4;
-          float acc[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int c = 0; c < KPT / 4; ++c) {
-            const float4 x0 = ld4(ha + c * 4 * S), x1 = ld4(hb + c * 4 * S);
-#pragma unroll
-            for (int g = 0; g < 3; ++g) {
-              acc[g] = fmaf(w[g][c * 4 + 0], x0.x, acc[g]);
-              acc[g] = fmaf(w[g][c * 4 + 1], x0.y, acc[g]);
-              acc[g] = fmaf(w[g][c * 4 + 2], x0.z, acc[g]);
-              acc[g] = fmaf(w[g][c * 4 + 3], x0.w, acc[g]);
-              acc[3 + g] = fmaf(w[g][c * 4 + 0], x1.x, acc[3 + g]);
-              acc[3 + g] = fmaf(w[g][c * 4 + 1], x1.y, acc[3 + g]);
-              acc[3 + g] = fmaf(w[g][c * 4 + 2], x1.z, acc[3 + g]);
-              acc[3 + g] = fmaf(w[g][c * 4 + 3], x1.w, acc[3 + g]);
-            }
-          }
-          // butterfly over the unit's S lanes (aligned groups of S inside the warp): every lane gets the sums
-#pragma unroll
-          for (int off = S / 2; off > 0; off >>= 1)
-#pragma unroll
-            for (int q = 0; q < 6; ++q) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], off);
-          // lanes 0..5 of the unit store the 6 sums (row r gates r,z,n; row r1 gates r,z,n)
-          float v = acc[0];
-#pragma unroll
-          for (int q = 1; q < 6; ++q) v = (s == q) ? acc[q] : v;
-          if (s < 3 || (s < 6 && r1 != r)) ghs[((s < 3 ? r : r1) * 3 + s % 3) * Hb + u] = v;
-        }
-      }
+      dot_rows<T, KPT, S, RB>(w, hs, ghs, nr, s, u);  // 4. (v4: 4'.) h W_hh^T into ghs
       __syncthreads();  // all sums of the chunk stored
 
-      // 5. Gates and the update, one thread per (row, unit): units fastest, so stores of h_t coalesce.
-      for (int p = tid; p < nr * Hb; p += kThreads) {
-        const int uu = p % Hb, r = p / Hb, jj = j0 + uu, bb = c0 + r;
-        if (jj >= H) continue;
-        const float* x = gib + bb * 3 * Hb + uu;
-        const float* y = ghs + r * 3 * Hb + uu;
-        const float rg = sigm(x[0] + bias[uu] + y[0] + bias[3 * Hb + uu]);
-        const float zg = sigm(x[Hb] + bias[Hb + uu] + y[Hb] + bias[4 * Hb + uu]);
-        const float ng = tanh_acc(x[2 * Hb] + bias[2 * Hb + uu] + rg * (y[2 * Hb] + bias[5 * Hb + uu]));
-        const float hp = hown[bb * Hb + uu];
-        const float hn = ng + zg * (hp - ng);
-        hown[bb * Hb + uu] = hn;  // the same thread owns (bb, uu) at every step
-        out[(int64_t(t) * B + b0 + bb) * H + jj] = from_f<T>(hn);
-      }
+      apply_gates<T, Hb>(gib, ghs, bias, hown, out, t, B, b0, j0, H, c0, nr, tid);  // 5.
       // The next chunk's load overwrites hs (read only before the barrier above); its __syncthreads orders the
       // gate phase's reads of ghs before the next dot phase rewrites them.
     }
@@ -282,8 +123,6 @@ struct Plan {
   int status = 0;  // 0 ok; 1 hidden too large; 2 batch slice does not fit shared memory; 3 not co-resident;
                    // 4 no cooperative launch on this device; 5 a CUDA error while asking
 };
-
-inline int elem_size(int dtype) { return dtype == kF32 ? 4 : dtype == kF64 ? 8 : 2; }
 
 template <class T, int KPT, int S, int RB>
 const void* v3_kernel() { return reinterpret_cast<const void*>(&gru_v3_kernel<T, KPT, S, RB>); }
@@ -299,16 +138,12 @@ const void* v3_kernel_for(int kpt, int s) {
 // kernels of one (dtype, RB): choosing the version and dtype is the binding's choice of variant name.
 inline Plan make_plan(int B, int H) {
   Plan p;
-  p.kpt = H <= 64 ? 8 : H <= 256 ? 16 : H <= 1024 ? 32 : 0;
-  if (!p.kpt) {
+  UnitSplit us;
+  if (!split_units(H, &us)) {
     p.status = 1;
     return p;
   }
-  const int need = (H + p.kpt - 1) / p.kpt;
-  p.s = 4;
-  while (p.s < need) p.s *= 2;
-  p.hb = kThreads / p.s;
-  p.ph = (H + p.hb - 1) / p.hb;
+  p.kpt = us.kpt, p.s = us.s, p.hb = us.hb, p.ph = us.ph;
   int optin = 0;
   p.status = cooperative_device(&optin);
   if (p.status) return p;
@@ -324,17 +159,11 @@ inline Plan make_plan(int B, int H) {
   p.bb = (B + p.pb - 1) / p.pb;
   p.pb = (B + p.bb - 1) / p.bb;  // no block without rows
   p.blocks = p.ph * p.pb;
-  const int kp = p.kpt * p.s;
-  const int fixed = (2 * p.bb * 3 * p.hb + p.bb * p.hb + 6 * p.hb) * 4;
-  const int row = kp * elem_size(kDtype) + 3 * p.hb * 4;
-  const int budget = optin - 1024;  // leave the runtime's reserved shared memory alone
-  p.bc = fixed < budget ? (budget - fixed) / row : 0;
-  if (p.bc > p.bb) p.bc = p.bb;
+  p.bc = chunk_rows(p.bb, us, elem_size(kDtype), optin, &p.smem);
   if (p.bc < 1) {
     p.status = 2;
     return p;
   }
-  p.smem = fixed + p.bc * row;
   p.status = coresident_blocks(v3_kernel_for<VT, kRB>(p.kpt, p.s), p.smem, &p.max_coresident);
   if (p.status == 0 && p.blocks > p.max_coresident) p.status = 3;
   return p;

@@ -2,8 +2,8 @@
 the pieces of the seq2seq decoder step that runs without torch.cat (lab/models/seq2seq.py).
 
 Sources: cuda_src/gru/ (gru.cuh: the header with the napkin math; gates.cu, v3.cu (v3 and v4, built per dtype and
-rows-per-pass variant), v5.cu (v5, built per dtype), persistent.cuh (what v3.cu and v5.cu share), decoder.cu: kernels
-and launchers), cpp_src/gru/gru.cpp (the binding, named checks), cpp_src/gru/cpu.cpp (the C++ CPU code).
+rows-per-pass variant), v5.cu (v5, built per dtype), v6.cu (v6, built like v3.cu), rowstep.cuh (the step v3.cu and
+v6.cu share), persistent.cuh (what the persistent units share), decoder.cu: kernels and launchers), cpp_src/gru/gru.cpp (the binding, named checks), cpp_src/gru/cpu.cpp (the C++ CPU code).
 
     out, h_n = gru(x, h0, params, version="v3")
     # x: (seq_len, batch, input_size); h0: (num_layers, batch, hidden) or None (zeros);
@@ -13,8 +13,9 @@ Versions: 'cpu' (C++, at::parallel_for), 'v1' (per-step GEMMs + fused gates), 'v
 as one GEMM up front), 'v3' (persistent: W_hh in registers across all steps, one grid barrier per step), 'v4' (v3
 with four batch rows per pass and a reduce-scatter across the lanes: fewer shuffles and more independent FMAs a
 step), 'v5' (v3's loop with h W_hh^T on tensor cores: mma.sync in fp16/bf16, and in TF32 on float32 tensors: that
-is the `tf32` precision, compared with cuDNN with TF32). dtypes: float32, float16, bfloat16 everywhere (fp32
-accumulation, fp32 gates); float64 on 'cpu', 'v1', 'v2'.
+is the `tf32` precision, compared with cuDNN with TF32), 'v6' (v3's step, the layers of a stack as a wavefront in
+one launch: layer l at step t while the layer below is further on). dtypes: float32, float16, bfloat16 everywhere
+(fp32 accumulation, fp32 gates); float64 on 'cpu', 'v1', 'v2'.
 Baselines: nn.GRU itself (cuDNN on the GPU) at strict fp32 (torch.backends.cudnn.allow_tf32 = False, the same
 precision as the kernels), and, for reference, cuDNN with TF32 (PyTorch's default for fp32 RNNs).
 """
@@ -68,10 +69,10 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
     """nn.GRU's forward: returns (out (seq_len, batch, hidden), h_n (num_layers, batch, hidden)).
 
     params: 4 tensors per layer (w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,)), like nn.GRU._flat_weights.
-    out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' .. 'v5' (default: see _default).
-    config: v5's warp grid, 0..7 (-1: the plan's choice; v5_plan says which; other versions ignore it); grid_sync:
-    v3, v4 and v5 wait at one grid-wide barrier a step (their first design) instead of for the blocks of their own
-    batch slice (v1, v2 and the CPU ignore it).
+    out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' .. 'v6' (default: see _default).
+    config: v5's warp grid, 0..7, or v6's most layers per launch, 1..4 (-1: the plan's choice; v5_plan / v6_plan say
+    which; other versions ignore it); grid_sync: v3 .. v6 wait at one grid-wide barrier a step (their first design;
+    v6: a wave of its roles) instead of for the blocks they read from (v1, v2 and the CPU ignore it).
     """
     params = list(params)
     if out is None:
@@ -97,6 +98,12 @@ def v5_plan(batch: int, hidden: int, dtype: torch.dtype = torch.bfloat16, config
     rows_per_chunk = 16 x warps along the batch, k_split = warps along K), the slices, shared memory, blocks, the
     plan's step-time estimate (cost_ns, used only to rank the configurations) and status (0 = fits)."""
     return dict(ext().v5_plan(batch, hidden, DTYPE_CODE[dtype], config))
+
+
+def v6_plan(batch: int, hidden: int, layers: int, dtype: torch.dtype = torch.float32, config: int = -1) -> dict:
+    """How v6 runs a stack of `layers`: layers per launch (a wavefront of 2·layers - 1 roles of hidden_slices ×
+    batch_slices blocks), rows per pass (2 as v3, 4 as v4), shared memory, blocks, status (0 = fits)."""
+    return dict(ext().v6_plan(batch, hidden, layers, DTYPE_CODE[dtype], config))
 
 
 # ---- precision --------------------------------------------------------------------------------------------------
@@ -212,33 +219,53 @@ def _kernel(name: str):
     return lambda x, h0, params, out=None: gru(x, h0, params, out=out, version=name)
 
 
+VERSIONS = [
+    Version("cpu", _kernel("cpu"), "cpu", "C++: input projection up front, then per step parallel over hidden units "
+                                          "(at::parallel_for)"),
+    Version("v1", _kernel("v1"), "cuda", "per step: 2 cuBLAS GEMMs + 1 fused gate kernel", graph=True, ceiling="gemm"),
+    Version("v2", _kernel("v2"), "cuda", "input projection of all steps as 1 GEMM; per step 1 GEMM + gates",
+            graph=True, ceiling="gemm"),
+    Version("v3", _kernel("v3"), "cuda", "persistent: W_hh in registers, 1 grid barrier per step, 1 launch",
+            dtypes=V3_DTYPES, graph=True),
+    Version("v4", _kernel("v4"), "cuda", "v3 + 4 batch rows per pass, reduce-scatter over the lanes",
+            dtypes=V3_DTYPES, graph=True),
+    Version("v5", _kernel("v5"), "cuda", "v3's persistent loop, h W_hh^T on tensor cores (mma.sync; W_hh slice "
+                                         "in shared memory): fp16/bf16, TF32 on float32",
+            dtypes=V3_DTYPES, graph=True, precision="tf32", ceiling="gemm"),
+    Version("v6", _kernel("v6"), "cuda", "v3's step, the layers of a stack as a wavefront in one launch (layer l at "
+                                         "step t while the layer below runs ahead)",
+            dtypes=V3_DTYPES, graph=True),
+    Version("torch", gru_torch, "any", "nn.GRU (cuDNN on the GPU), fp32 without TF32", baseline=True,
+            takes_out=False, check=False, graph=True, ceiling="gemm"),
+    Version("torch.tf32", gru_torch_tf32, "cuda", "nn.GRU on cuDNN with TF32 (PyTorch's fp32 default)",
+            baseline=True, takes_out=False, check=False, graph=True, precision="tf32", dtypes=(torch.float32,),
+            ceiling="gemm"),
+]
+
+# The stack: the encoder with two layers (issue 14's wavefront goal is against cuDNN's 2-layer GRU at batch <= 64),
+# and awkward stacks for the checks: 2-4 layers, one launch for all of them (small hidden), a stack split into
+# launches (hidden 512, 3 layers: 5 roles of 32 blocks do not fit 132 SMs), hidden 1024 (no wavefront fits), batch
+# slices (130), shared-memory chunks (256 rows of 512 in one slice), seq 1, with and without h0.
+STACK_CHECK_SHAPES = [
+    _shape(5, 3, 77, 200, 2, 1), _shape(4, 5, 64, 64, 3, 0), _shape(3, 1, 16, 33, 4, 1), _shape(6, 20, 256, 512, 3, 1),
+    _shape(2, 130, 31, 96, 2, 1), _shape(1, 7, 9, 1024, 2, 0), _shape(2, 256, 16, 512, 2, 0),
+]
+STACK_BENCH_SHAPES = [_shape(30, b, 256, 512, 2) for b in (1, 8, 32, 64, 128)]
+FORMULA = "TFLOP/s = 2·T·B·3H·(I+H)·layers / time; bytes = (x + out + h0 + h_n + weights)·sizeof(dtype)"
+
 OPS = [
-    Op(FAMILY, "gru", make_inputs, gru_ref,
-       [Version("cpu", _kernel("cpu"), "cpu", "C++: input projection up front, then per step parallel over hidden "
-                                              "units (at::parallel_for)"),
-        Version("v1", _kernel("v1"), "cuda", "per step: 2 cuBLAS GEMMs + 1 fused gate kernel", graph=True,
-                ceiling="gemm"),
-        Version("v2", _kernel("v2"), "cuda", "input projection of all steps as 1 GEMM; per step 1 GEMM + gates",
-                graph=True, ceiling="gemm"),
-        Version("v3", _kernel("v3"), "cuda", "persistent: W_hh in registers, 1 grid barrier per step, 1 launch",
-                dtypes=V3_DTYPES, graph=True),
-        Version("v4", _kernel("v4"), "cuda", "v3 + 4 batch rows per pass, reduce-scatter over the lanes",
-                dtypes=V3_DTYPES, graph=True),
-        Version("v5", _kernel("v5"), "cuda", "v3's persistent loop, h W_hh^T on tensor cores (mma.sync; W_hh slice "
-                                             "in shared memory): fp16/bf16, TF32 on float32",
-                dtypes=V3_DTYPES, graph=True, precision="tf32", ceiling="gemm"),
-        Version("torch", gru_torch, "any", "nn.GRU (cuDNN on the GPU), fp32 without TF32", baseline=True,
-                takes_out=False, check=False, graph=True, ceiling="gemm"),
-        Version("torch.tf32", gru_torch_tf32, "cuda", "nn.GRU on cuDNN with TF32 (PyTorch's fp32 default)",
-                baseline=True, takes_out=False, check=False, graph=True, precision="tf32",
-                dtypes=(torch.float32,), ceiling="gemm")],
+    Op(FAMILY, "gru", make_inputs, gru_ref, VERSIONS,
        CHECK_SHAPES, BENCH_SHAPES, CPU_BENCH_SHAPES, ALL,
        nbytes=_nbytes, flops=_flops,
-       formula="TFLOP/s = 2·T·B·3H·(I+H)·layers / time; bytes = (x + out + h0 + h_n + weights)·sizeof(dtype)",
+       formula=FORMULA,
        compute_ceiling="fma",   # v3/v4's recurrence is FP32 FMAs (fp32 accumulation for every dtype); v1/v2 and
                                 # cuDNN run GEMMs (tensor cores at bf16/fp16): held to cuBLAS at their precision
        size_key="batch",
        doc="nn.GRU forward over a sequence; the seq2seq encoder is seq 30, input 256, hidden 512"),
+    Op(FAMILY, "gru_stack", make_inputs, gru_ref, VERSIONS,
+       STACK_CHECK_SHAPES, STACK_BENCH_SHAPES, [_shape(30, 1, 256, 512, 2)], ALL,
+       nbytes=_nbytes, flops=_flops, formula=FORMULA, compute_ceiling="fma", size_key="batch",
+       doc="a 2-layer nn.GRU (the encoder with two layers): v6's wavefront against cuDNN's 2-layer GRU"),
 ]
 
 

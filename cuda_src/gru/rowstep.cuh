@@ -1,0 +1,240 @@
+// gru/rowstep.cuh — the pieces of one step of the register-resident persistent kernels, shared by v3.cu (v3/v4: one
+// layer a launch) and v6.cu (the layers of a stack as a wavefront in one launch). The work split they implement is
+// in gru.cuh's header: a block owns Hb = kThreads/S hidden units and a slice of the batch; a unit's three rows of a
+// (3H, H) weight matrix are spread over S lanes of one warp, KPT columns each, in registers for the whole sequence.
+//
+//   load_w      lane s's KPT columns of its unit's three rows, into registers (once per launch)
+//   load_rows   nr rows of h (global, written during this launch by other SMs: L2-only copies) into the h tile
+//   dot_rows    the tile's rows times the three rows: one fp32 sum per (row, gate, unit) into ghs
+//   apply_gates the gates and the state update of the chunk's rows, h_t stored in fp32 (own) and as T (out)
+// All are force-inlined into the kernels: the code the compiler sees is that of one kernel body.
+#pragma once
+
+#include "persistent.cuh"
+
+namespace gru {
+
+// Four consecutive elements of the shared-memory h tile, widened to fp32.
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 ld4(const __nv_bfloat16* p) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);  // bf16 -> fp32 is a 16-bit shift
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                     __uint_as_float(v.y & 0xffff0000u));
+}
+__device__ __forceinline__ float4 ld4(const __half* p) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// ---- cp.async (sm_80+): copies that complete asynchronously into shared memory ---------------------------------
+__device__ __forceinline__ void cp_async16_cg(void* smem, const void* gmem) {  // 16 B, L2 only (coherent)
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {  // 4 B; for read-only inputs
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+template <class T>
+__device__ void load_rows(T* hs, int Kp, const T* src, int nr, int H) {
+  if (!src) {  // h0 = zeros
+    for (int p = threadIdx.x; p < nr * H; p += kThreads) hs[(p / H) * Kp + p % H] = from_f<T>(0.f);
+    return;
+  }
+  constexpr int E = 16 / sizeof(T);  // elements per 16-byte copy
+  if (H % E == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+    const int cpr = H / E;
+    for (int p = threadIdx.x; p < nr * cpr; p += kThreads) {
+      const int r = p / cpr, c = p % cpr;
+      cp_async16_cg(hs + r * Kp + c * E, src + int64_t(r) * H + c * E);
+    }
+  } else {  // odd hidden sizes or a misaligned h0: element loads from L2
+    for (int p = threadIdx.x; p < nr * H; p += kThreads) {
+      const int r = p / H, k = p % H;
+      hs[r * Kp + k] = ldcg(src + int64_t(r) * H + k);
+    }
+  }
+}
+
+// v4's lane reduction: a reduce-scatter. Each of the S lanes holds NV partial sums; at every level a lane keeps one
+// half of its values and sends the other half to its partner (lane ^ OFF), so the values to sum halve each level:
+// NV/2 + NV/4 + ... shuffles (15 for 16 values over 16 lanes) instead of NV * log2(S) for a full butterfly (64).
+// Afterwards lane s holds the sums of values [s*NV/S, (s+1)*NV/S) when S <= NV, or of value s/(S/NV) when S > NV.
+template <int OFF, int N, int NV>
+__device__ __forceinline__ void reduce_scatter(float (&v)[NV], int s) {
+  if constexpr (N > 1) {
+    const bool upper = (s & OFF) != 0;  // this lane keeps the upper half
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float send = upper ? v[i] : v[i + N / 2];
+      const float keep = upper ? v[i + N / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+    }
+    if constexpr (OFF > 1) reduce_scatter<OFF / 2, N / 2, NV>(v, s);
+  } else {
+    v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);  // more lanes than values: plain butterfly
+    if constexpr (OFF > 1) reduce_scatter<OFF / 2, 1, NV>(v, s);
+  }
+}
+
+// Lane s's slice of unit j's three rows of W (3H, H), into registers for the whole sequence. Lane s holds columns
+// c*4S + 4s + {0..3}: a warp's 16-byte reads of an h row are then contiguous and conflict-free.
+template <class T, int KPT, int S>
+__device__ __forceinline__ void load_w(float (&w)[3][KPT], const T* W, int j, int s, int H) {
+#pragma unroll
+  for (int g = 0; g < 3; ++g)
+#pragma unroll
+    for (int c = 0; c < KPT / 4; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int k = c * 4 * S + s * 4 + i;
+        w[g][c * 4 + i] = (j < H && k < H) ? tof(W[(int64_t(g) * H + j) * H + k]) : 0.f;
+      }
+}
+
+// The tile's nr rows (hs, row length Kp = KPT*S, zero past H) times the unit's three rows: ghs[(r*3 + g)*Hb + u],
+// Hb = kThreads/S. RB = 2 (v3): two rows at a time, 6 FMA chains, butterfly over the S lanes; RB = 4 (v4): four rows
+// at a time, 12 chains, reduce-scatter.
+template <class T, int KPT, int S, int RB>
+__device__ __forceinline__ void dot_rows(const float (&w)[3][KPT], const T* hs, float* ghs, int nr, int s, int u) {
+  constexpr int Kp = KPT * S;
+  constexpr int Hb = kThreads / S;
+  if constexpr (RB == 4) {
+    // 4'. v4: four rows at a time (12 FMA chains, 16 values with a zero pad per row), reduce-scatter.
+    constexpr int NV = 16;
+    for (int r = 0; r < nr; r += 4) {
+      const T* hq[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) hq[q] = hs + min(r + q, nr - 1) * Kp + s * 4;  // past the end: repeat
+      float acc[NV];
+#pragma unroll
+      for (int i = 0; i < NV; ++i) acc[i] = 0.f;
+#pragma unroll
+      for (int c = 0; c < KPT / 4; ++c) {
+        float4 x[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) x[q] = ld4(hq[q] + c * 4 * S);
+#pragma unroll
+        for (int g = 0; g < 3; ++g)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            float& y = acc[q * 4 + g];
+            y = fmaf(w[g][c * 4 + 0], x[q].x, y);
+            y = fmaf(w[g][c * 4 + 1], x[q].y, y);
+            y = fmaf(w[g][c * 4 + 2], x[q].z, y);
+            y = fmaf(w[g][c * 4 + 3], x[q].w, y);
+          }
+      }
+      reduce_scatter<S / 2, NV, NV>(acc, s);
+      if constexpr (S <= NV) {
+#pragma unroll
+        for (int i = 0; i < NV / S; ++i) {
+          const int idx = s * (NV / S) + i, q = idx / 4, g = idx % 4;  // value idx = row q, gate g (3: pad)
+          if (g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[i];
+        }
+      } else {
+        const int idx = s / (S / NV), q = idx / 4, g = idx % 4;
+        if (s % (S / NV) == 0 && g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[0];
+      }
+    }
+  } else {
+    // 4. h W_hh^T for (row, unit u), two rows at a time: 6 FMA chains, KPT/4 x 2 16-byte shared loads.
+    for (int r = 0; r < nr; r += 2) {
+      const int r1 = min(r + 1, nr - 1);
+      const T* ha = hs + r * Kp + s * 4;
+      const T* hb = hs + r1 * Kp + s * 4;
+      float acc[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int c = 0; c < KPT / 4; ++c) {
+        const float4 x0 = ld4(ha + c * 4 * S), x1 = ld4(hb + c * 4 * S);
+#pragma unroll
+        for (int g = 0; g < 3; ++g) {
+          acc[g] = fmaf(w[g][c * 4 + 0], x0.x, acc[g]);
+          acc[g] = fmaf(w[g][c * 4 + 1], x0.y, acc[g]);
+          acc[g] = fmaf(w[g][c * 4 + 2], x0.z, acc[g]);
+          acc[g] = fmaf(w[g][c * 4 + 3], x0.w, acc[g]);
+          acc[3 + g] = fmaf(w[g][c * 4 + 0], x1.x, acc[3 + g]);
+          acc[3 + g] = fmaf(w[g][c * 4 + 1], x1.y, acc[3 + g]);
+          acc[3 + g] = fmaf(w[g][c * 4 + 2], x1.z, acc[3 + g]);
+          acc[3 + g] = fmaf(w[g][c * 4 + 3], x1.w, acc[3 + g]);
+        }
+      }
+      // butterfly over the unit's S lanes (aligned groups of S inside the warp): every lane gets the sums
+#pragma unroll
+      for (int off = S / 2; off > 0; off >>= 1)
+#pragma unroll
+        for (int q = 0; q < 6; ++q) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], off);
+      // lanes 0..5 of the unit store the 6 sums (row r gates r,z,n; row r1 gates r,z,n)
+      float v = acc[0];
+#pragma unroll
+      for (int q = 1; q < 6; ++q) v = (s == q) ? acc[q] : v;
+      if (s < 3 || (s < 6 && r1 != r)) ghs[((s < 3 ? r : r1) * 3 + s % 3) * Hb + u] = v;
+    }
+  }
+}
+
+// 5. Gates and the update for the chunk's nr rows (rows c0.. of the block's slice, which starts at batch row b0),
+//    one thread per (row, unit): units fastest, so stores of h_t coalesce. gib: the step's x_t W_ih^T
+//    [Bb][3][Hb] (no bias); ghs: dot_rows' sums; bias [6][Hb]: b_ih r,z,n, b_hh r,z,n; hown [Bb][Hb]: the block's h
+//    in fp32 (the same thread owns (row, unit) at every step); out: (T, B, H), h_t stored at step t.
+template <class T, int Hb>
+__device__ __forceinline__ void apply_gates(const float* gib, const float* ghs, const float* bias, float* hown,
+                                            T* out, int t, int B, int b0, int j0, int H, int c0, int nr, int tid) {
+  for (int p = tid; p < nr * Hb; p += kThreads) {
+    const int uu = p % Hb, r = p / Hb, jj = j0 + uu, bb = c0 + r;
+    if (jj >= H) continue;
+    const float* x = gib + bb * 3 * Hb + uu;
+    const float* y = ghs + r * 3 * Hb + uu;
+    const float rg = sigm(x[0] + bias[uu] + y[0] + bias[3 * Hb + uu]);
+    const float zg = sigm(x[Hb] + bias[Hb + uu] + y[Hb] + bias[4 * Hb + uu]);
+    const float ng = tanh_acc(x[2 * Hb] + bias[2 * Hb + uu] + rg * (y[2 * Hb] + bias[5 * Hb + uu]));
+    const float hp = hown[bb * Hb + uu];
+    const float hn = ng + zg * (hp - ng);
+    hown[bb * Hb + uu] = hn;
+    out[(int64_t(t) * B + b0 + bb) * H + jj] = from_f<T>(hn);
+  }
+}
+
+}  // namespace gru
+
+// ---- host: the split both plans make ------------------------------------------------------------------------------
+namespace gru {
+
+inline int elem_size(int dtype) { return dtype == kF32 ? 4 : dtype == kF64 ? 8 : 2; }
+
+// How H hidden units spread over lanes and blocks: KPT columns per lane (8, 16 or 32 registers per gate row), S
+// lanes per unit (a power of 2, S*KPT >= H), Hb = kThreads/S units per block, Ph blocks to cover H. False when H is
+// too large to keep a unit's rows in registers (H > 1024).
+struct UnitSplit {
+  int kpt = 0, s = 0, hb = 0, ph = 0;
+};
+inline bool split_units(int H, UnitSplit* u) {
+  u->kpt = H <= 64 ? 8 : H <= 256 ? 16 : H <= 1024 ? 32 : 0;
+  if (!u->kpt) return false;
+  const int need = (H + u->kpt - 1) / u->kpt;
+  u->s = 4;
+  while (u->s < need) u->s *= 2;
+  u->hb = kThreads / u->s;
+  u->ph = (H + u->hb - 1) / u->hb;
+  return true;
+}
+
+// Rows of h per shared-memory chunk for a block of bb batch rows (at most bb), and the block's shared memory: the h
+// tile and the reduced sums per chunk row, the double-buffered input projections, the block's h and the biases for
+// all bb rows. 0 when not even one row fits in the opt-in limit (less the runtime's reserved 1 KB).
+inline int chunk_rows(int bb, const UnitSplit& u, int esize, int optin, int* smem) {
+  const int kp = u.kpt * u.s;
+  const int fixed = (2 * bb * 3 * u.hb + bb * u.hb + 6 * u.hb) * 4;
+  const int row = kp * esize + 3 * u.hb * 4;
+  const int budget = optin - 1024;
+  int bc = fixed < budget ? (budget - fixed) / row : 0;
+  if (bc > bb) bc = bb;
+  *smem = fixed + bc * row;
+  return bc;
+}
+
+}  // namespace gru
