@@ -348,18 +348,20 @@ def test_stack_every_version_matches_nn_gru(device):
 
 
 @needs_gpu
-def test_v6_plan_runs_as_many_layers_as_fit():
+def test_v6_plan_runs_as_many_layers_as_fit_where_that_pays():
     # hidden 512: 32 blocks per role; 2 layers are 3 roles (96 blocks), 3 layers would be 5 (160 > 132 SMs)
-    p2, p3 = kgru.v6_plan(1, 512, 2), kgru.v6_plan(1, 512, 3)
+    p2, p3 = kgru.v6_plan(1, 512, 2, 30), kgru.v6_plan(1, 512, 3, 30)
     assert p2["status"] == 0 and p2["layers_per_launch"] == 2 and p2["blocks"] == 3 * p2["hidden_slices"], p2
     assert p3["layers_per_launch"] == 2, p3
-    assert kgru.v6_plan(1, 512, 2, config=1)["layers_per_launch"] == 1
-    assert kgru.v6_plan(4, 64, 3)["layers_per_launch"] == 3
-    assert kgru.v6_plan(1, 1024, 2)["layers_per_launch"] == 1  # 3 roles of 128 blocks do not fit
-    big = kgru.v6_plan(64, 512, 2)
-    assert big["rows_per_pass"] == 4 and big["batch_slices"] * big["rows_per_block"] >= 64, big
-    assert kgru.v6_plan(1, 512, 2, config=5)["status"] == 6
-    assert kgru.v6_plan(1, 2048, 2)["status"] == 1
+    assert kgru.v6_plan(1, 512, 2, 30, config=1)["layers_per_launch"] == 1
+    assert kgru.v6_plan(4, 64, 3, 30)["layers_per_launch"] == 3
+    assert kgru.v6_plan(1, 1024, 2, 30)["layers_per_launch"] == 1  # 3 roles of 128 blocks do not fit
+    # batch 64: the wavefront would leave one batch slice of 64 rows a block; layer by layer has 4 slices of 16
+    big, forced = kgru.v6_plan(64, 512, 2, 30), kgru.v6_plan(64, 512, 2, 30, config=2)
+    assert big["layers_per_launch"] == 1 and big["batch_slices"] == 4 and big["rows_per_pass"] == 4, big
+    assert forced["layers_per_launch"] == 2 and forced["batch_slices"] == 1 and forced["rows_per_block"] == 64
+    assert kgru.v6_plan(1, 512, 2, 30, config=5)["status"] == 6
+    assert kgru.v6_plan(1, 2048, 2, 30)["status"] == 1
 
 
 @needs_gpu
@@ -368,7 +370,7 @@ def test_v6_on_one_layer_is_v3_bit_for_bit(B):
     # one layer is one role: v3's split, v3's step (rowstep.cuh), two rows a pass below 8 rows a block (v3) and four
     # from there (v4): the same operations in the same order
     x, h0, params = _inputs(7, B, 24, 200, dtype=torch.float32, device="cuda", seed=B)
-    want = kgru.gru(x, h0, params, version="v4" if kgru.v6_plan(B, 200, 1)["rows_per_pass"] == 4 else "v3")
+    want = kgru.gru(x, h0, params, version="v4" if kgru.v6_plan(B, 200, 1, 7)["rows_per_pass"] == 4 else "v3")
     got = kgru.gru(x, h0, params, version="v6")
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
@@ -380,12 +382,16 @@ def test_v6_wavefront_and_layer_by_layer_agree_with_nn_gru(dtype):
     # projection computed in the launch): both against float64 nn.GRU, and layer 0 identical in both
     x, h0, params = _inputs(11, 5, 48, 160, L=3, dtype=dtype, device="cuda", seed=9)
     ref = kgru.gru_ref(*verify.upcast((x, h0, params)))
-    assert kgru.v6_plan(5, 160, 3, dtype)["layers_per_launch"] == 3
+    assert kgru.v6_plan(5, 160, 3, 11, dtype)["layers_per_launch"] == 3
     wave = kgru.gru(x, h0, params, version="v6")
     step = kgru.gru(x, h0, params, version="v6", config=1)
     verify.assert_close(wave, ref, dtype, what="v6 wavefront")
     verify.assert_close(step, ref, dtype, what="v6 layer by layer")
     assert torch.equal(wave[1][0], step[1][0]), "layer 0 runs the same operations in both"
+    # the wavefront where the plan would not take it: 64 rows a block, four rows a pass (v4's step)
+    x, h0, params = _inputs(4, 64, 40, 512, L=2, dtype=dtype, device="cuda", seed=10)
+    ref = kgru.gru_ref(*verify.upcast((x, h0, params)))
+    verify.assert_close(kgru.gru(x, h0, params, version="v6", config=2), ref, dtype, what="v6 wavefront at batch 64")
 
 
 @needs_gpu

@@ -16,7 +16,7 @@
 //   greedy_plan(batch, hidden, emb_dim, vocab)       whether and how the one-launch decoder runs on this GPU.
 //   v3_plan(batch, hidden, dtype_code, version)      how v3/v4 split the work on this GPU (for the notebook).
 //   v5_plan(batch, hidden, dtype_code, config)       how v5 splits it: its configuration, slices, shared memory.
-//   v6_plan(batch, hidden, layers, dtype_code, config)  how v6 splits a stack: layers per launch, slices, blocks.
+//   v6_plan(batch, hidden, layers, seq_len, dtype_code, config)  how v6 splits a stack: layers per launch, slices.
 //
 // Every function writes into tensors the caller allocated (the lab poisons them with NaN before a check). CUDA
 // versions run on the current stream; GEMMs go to cuBLAS through ATen: for fp16/bf16 with an fp32 output
@@ -52,7 +52,7 @@ using V3PlanCuda = int (*)(int B, int H, int* info);
 using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
                                void* out, int T, int B, int H, int* counters, cudaStream_t stream);
 using V5PlanCuda = int (*)(int B, int H, int config, int* info);
-using V6PlanCuda = int (*)(int B, int H, int L, int config, int* info);
+using V6PlanCuda = int (*)(int B, int H, int L, int T, int config, int* info);
 using V6Cuda = cudaError_t (*)(int L, const void* const* w_ih, const void* const* w_hh, const void* const* b_ih,
                                const void* const* b_hh, const void* const* h0, void* const* out, float* const* gi,
                                int T, int B, int H, int config, int* counters, cudaStream_t stream);
@@ -226,11 +226,11 @@ std::string v6_variant(const char* name, int dtype, int rb) {
   return lab::cat(name, "@", dt[dtype], ",", rb);
 }
 
-int v6_plan_call(int dtype, int B, int H, int L, int config, int* info, int* rb) {
-  const int status = lab::launcher<V6PlanCuda>(v6_variant("gru_v6_plan", dtype, 2))(B, H, L, config, info);
+int v6_plan_call(int dtype, int B, int H, int L, int T, int config, int* info, int* rb) {
+  const int status = lab::launcher<V6PlanCuda>(v6_variant("gru_v6_plan", dtype, 2))(B, H, L, T, config, info);
   *rb = info[5] >= kV6Rb4Rows ? 4 : 2;
   if (status != 0 || *rb == 2) return status;
-  return lab::launcher<V6PlanCuda>(v6_variant("gru_v6_plan", dtype, 4))(B, H, L, config, info);
+  return lab::launcher<V6PlanCuda>(v6_variant("gru_v6_plan", dtype, 4))(B, H, L, T, config, info);
 }
 
 std::string v6_plan_error(int status, const int* info, int64_t B, int64_t H, int64_t L, at::ScalarType dt,
@@ -258,9 +258,9 @@ void forward_v6(const at::Tensor& x, const at::Tensor& h0, const std::vector<at:
   at::Tensor in = x;
   for (int64_t l0 = 0; l0 < L;) {
     int info[11], rb = 2;
-    const int status = v6_plan_call(dt, b, h, int(L - l0), int(config), info, &rb);
+    const int status = v6_plan_call(dt, b, h, int(L - l0), tn, int(config), info, &rb);
     LAB_CHECK_VALUE(status == 0, v6_plan_error(status, info, B, H, L - l0, x.scalar_type(), config));
-    const int n = info[10], pb = info[4];  // layers in this launch, batch slices
+    const int n = info[10], pb = info[4], ph = info[3];  // layers in this launch, batch and hidden slices
     const void *w_ih[4], *w_hh[4], *b_ih[4], *b_hh[4], *h0p[4];
     void* outp[4];
     float* gi[4];
@@ -281,7 +281,7 @@ void forward_v6(const at::Tensor& x, const at::Tensor& h0, const std::vector<at:
       gi[i] = keep.back().data_ptr<float>();
     }
     const at::Tensor counters =
-        grid_sync ? at::Tensor() : at::zeros({(2 * n - 1) * pb}, x.options().dtype(at::kInt));
+        grid_sync ? at::Tensor() : at::zeros({(2 * n - 1) * pb * ph}, x.options().dtype(at::kInt));
     const V6Cuda gru_v6 = lab::launcher<V6Cuda>(v6_variant("gru_v6", dt, rb));
     LAB_CUDA_CHECK(gru_v6(n, w_ih, w_hh, b_ih, b_hh, h0p, outp, gi, tn, b, h, int(config),
                           grid_sync ? nullptr : counters.data_ptr<int>(), st),
@@ -819,11 +819,12 @@ py::dict v5_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t con
 
 // v6's plan for a stack of `layers` (v6.cu's gru_v6_plan; the binding picks the rows-per-pass variant as
 // forward_v6 does). "layers_per_launch": how many layers the first launch runs as a wavefront.
-py::dict v6_plan(int64_t batch, int64_t hidden, int64_t layers, int64_t dtype_code_, int64_t config) {
+py::dict v6_plan(int64_t batch, int64_t hidden, int64_t layers, int64_t seq_len, int64_t dtype_code_,
+                 int64_t config) {
   LAB_CHECK_VALUE(dtype_code_ >= 0 && dtype_code_ <= 2, "dtype_code must be 0 (float32), 1 (float16) or 2 "
                     "(bfloat16), got ", dtype_code_);
-  LAB_CHECK_VALUE(batch >= 1 && hidden >= 1 && layers >= 1, "batch, hidden and layers must be >= 1, got ", batch,
-                  ", ", hidden, ", ", layers);
+  LAB_CHECK_VALUE(batch >= 1 && hidden >= 1 && layers >= 1 && seq_len >= 1, "batch, hidden, layers and seq_len "
+                  "must be >= 1, got ", batch, ", ", hidden, ", ", layers, ", ", seq_len);
   py::dict d;
 #ifdef LAB_WITH_CUDA
   static const char* kInfoNames[11] = {"kpt", "lanes_per_unit", "units_per_block", "hidden_slices", "batch_slices",
@@ -832,7 +833,7 @@ py::dict v6_plan(int64_t batch, int64_t hidden, int64_t layers, int64_t dtype_co
   int info[11], rb = 2;
   const int status = v6_plan_call(int(dtype_code_), lab::check_int32(batch, "batch"),
                                   lab::check_int32(hidden, "hidden"), lab::check_int32(layers, "layers"),
-                                  int(config), info, &rb);
+                                  lab::check_int32(seq_len, "seq_len"), int(config), info, &rb);
   d["status"] = status;  // as v3_plan's, and 6: a bad config
   d["rows_per_pass"] = rb;
   for (int i = 0; i < 11; ++i) d[kInfoNames[i]] = info[i];
@@ -863,7 +864,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "v5_plan(batch, hidden, dtype_code, config) -> {status, config, units_per_block, rows_per_chunk, k_split, "
         "hidden_slices, batch_slices, rows_per_block, k_padded, smem_bytes, blocks, max_coresident, cost_ns}");
   m.def("v6_plan", lab::bind(v6_plan),
-        "v6_plan(batch, hidden, layers, dtype_code, config) -> {status, rows_per_pass, kpt, lanes_per_unit, "
+        "v6_plan(batch, hidden, layers, seq_len, dtype_code, config) -> {status, rows_per_pass, kpt, lanes_per_unit, "
         "units_per_block, hidden_slices, batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, "
         "max_coresident, layers_per_launch}");
   LAB_BIND_UNITS(m);

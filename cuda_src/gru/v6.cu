@@ -18,9 +18,16 @@
 // (T, B, 3H) fp32 buffer — the layout the GEMM writes for layer 0 — that the recurrence above reads. W_ih and W_hh
 // of one layer do not fit one block's registers together (2 × 96 at H = 512), hence two roles.
 //
-// Dependencies, per role and batch slice (step counters as v3's, persistent.cuh; counts only grow):
-//     recurrence q, step t:  its own slice at step t-1 (h_{t-1}), and for q > 0 the projection q-1 at step t
-//     projection q, step t:  the recurrence q-1 at step t (the layer below's h_t)
+// Dependencies (step counters as v3's, persistent.cuh; counts only grow):
+//     recurrence q, step t:  its own slice at step t-1 (h_{t-1}), and for q > 0 the projection block of its units
+//                            at step t (gi_t)
+//     projection q, step t:  the recurrence q-1 of its slice at step t (the layer below's h_t)
+// A recurrence slice shares one counter, as in v3: its Ph blocks wait for each other every step, so no block can
+// count step t+1 before all counted step t, and a count of Ph·(t+1) means "every block finished step t". Projection
+// blocks never wait for each other, so a shared count would not mean that (one block at step t+2, another still at
+// step t: the count reads Ph·(t+1) too early — compute-sanitizer's racecheck, which slows some blocks far more than
+// others, caught exactly that in the first build): each projection block counts its own steps, and the recurrence
+// block above waits for the one projection block that wrote its units' gi.
 // Every wait points at a lower role or an earlier step: no cycle, and all blocks are co-resident (cooperative
 // launch), so no deadlock. A role runs ahead of the one above it as far as it likes: every buffer holds all T
 // steps, so nothing is overwritten. grid_sync: the same work in lockstep waves — wave w runs step w - q of role q —
@@ -39,6 +46,8 @@
 
 #define _CG_LIMIT_INCLUDED_DEPENDENCIES  // as in v3.cu: this_grid().sync() without the libcu++ headers
 #include <cooperative_groups.h>
+
+#include <algorithm>
 
 namespace gru {
 namespace cg = cooperative_groups;
@@ -64,7 +73,8 @@ struct V6Args {
                                  // launch; l >= 1 written in the launch by role 2l - 1
   int L, T, B, H;
   int Ph, Pb, Bb, BC;            // blocks per role = Ph · Pb, as v3's split
-  int* counters;                 // [2L - 1][Pb] steps done per role and batch slice, zeroed; nullptr: grid.sync()
+  int* counters;                 // [2L - 1][Pb][Ph] steps done, zeroed: a recurrence slice counts in [q][slice][0],
+                                 // a projection block in [q][slice][its unit slice]; nullptr: grid.sync()
 };
 
 __device__ __forceinline__ void spin_until(const int* counter, int target) {
@@ -111,8 +121,11 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v6_kernel(const V6Args a) {
   if (Kp > H)
     for (int p = tid; p < BC * (Kp - H); p += kThreads) hs[(p / (Kp - H)) * Kp + H + p % (Kp - H)] = from_f<T>(0.f);
 
-  int* own = a.counters ? a.counters + q * a.Pb + slice : nullptr;
-  const int* below = a.counters && q > 0 ? a.counters + (q - 1) * a.Pb + slice : nullptr;
+  // own: where this block counts its steps; below: what it waits for, and the count that means "step t is done"
+  const int us = lb % a.Ph;
+  int* own = a.counters ? a.counters + (q * a.Pb + slice) * a.Ph + (proj ? us : 0) : nullptr;
+  const int* below = a.counters && q > 0 ? a.counters + ((q - 1) * a.Pb + slice) * a.Ph + (proj ? 0 : us) : nullptr;
+  const int below_per_step = proj ? a.Ph : 1;
   const int steps = a.counters ? a.T : a.T + 2 * (a.L - 1);  // grid_sync: lockstep waves
   for (int it = 0; it < steps; ++it) {
     int t = it;
@@ -124,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v6_kernel(const V6Args a) {
     if (proj) {
       // ---- projection for layer l: gi_l[t] = h_{l-1, t} W_ih_l^T ----
       if (below) {
-        if (tid == 0) spin_until(below, a.Ph * (t + 1));
+        if (tid == 0) spin_until(below, below_per_step * (t + 1));
         __syncthreads();
       }
       const T* src = static_cast<const T*>(a.out[l - 1]) + int64_t(t) * B * H;
@@ -154,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v6_kernel(const V6Args a) {
       }
     if (a.counters) {
       if (tid == 0) {
-        if (below) spin_until(below, a.Ph * (t + 1));  // gi_l[t] written by the projection
+        if (below) spin_until(below, below_per_step * (t + 1));  // gi_l[t] written by the projection block
         if (t > 0) spin_until(own, a.Ph * t);           // h_{t-1} written by this slice's blocks
       }
       __syncthreads();
@@ -196,9 +209,18 @@ inline const void* v6_kernel_for(int kpt, int s) {
   return s == 16 ? v6_kernel<VT, 32, 16>() : v6_kernel<VT, 32, 32>();
 }
 
-// The most layers a launch can run as a wavefront: 2·Lw - 1 roles of Ph blocks each must fit on the chip with at
-// least one batch slice. config -1: as many as fit (up to L and kMaxLayers); 1..4: at most that many.
-inline Plan6 make_plan6(int B, int H, int L, int config) {
+// A step's time by rows per block, for choosing the layers per launch: a latency part and a part that grows with
+// the rows a block multiplies (3·KPT FMAs a lane a row). Fit to the H100 sweep of this kernel (fp32, H = 512,
+// T = 30, 2 layers, batch 1..128, CUDA graphs: the wavefront and one layer a launch), within ~10%.
+constexpr double kStepNs = 2600.0, kRowNs = 280.0;  // kRowNs at KPT = 32
+inline double step_ns(int bb, int kpt) { return kStepNs + kRowNs * bb * kpt / 32.0; }
+
+// Layers per launch. Running lw layers as one wavefront takes T + 2(lw-1) steps instead of lw·T, but its 2·lw - 1
+// roles of Ph blocks leave fewer batch slices, so more rows per block and longer steps: at H = 512 a wavefront of
+// two layers has one slice where v3 has four. config -1 picks the lw (1 .. as many as fit, at most L and
+// kMaxLayers) whose estimate (launches · steps · step_ns) is least: the wavefront at small batch, layer by layer
+// where a step is FMA-bound; 1..4: the most that fit up to that many.
+inline Plan6 make_plan6(int B, int H, int L, int T, int config) {
   Plan6 p;
   if (config != -1 && (config < 1 || config > kMaxLayers)) {
     p.status = 6;
@@ -217,7 +239,17 @@ inline Plan6 make_plan6(int B, int H, int L, int config) {
   int lw = L < kMaxLayers ? L : kMaxLayers;
   if (config > 0 && config < lw) lw = config;
   while (lw > 1 && (2 * lw - 1) * p.ph > sms) --lw;
-  if (lw < 1) lw = 1;
+  if (config == -1) {  // the cheapest lw up to the most that fit (ties: the larger)
+    double best = 0;
+    int pick = lw;
+    for (int c = lw; c >= 1; --c) {
+      const int pb = std::max(1, std::min(B, sms / ((2 * c - 1) * p.ph)));
+      const int bb = (B + pb - 1) / pb;
+      const double est = double((L + c - 1) / c) * (T + 2 * (c - 1)) * step_ns(bb, p.kpt);
+      if (c == lw || est < best) best = est, pick = c;
+    }
+    lw = pick;
+  }
   p.layers = lw;
   const int roles = 2 * lw - 1;
   const int max_pb = sms / (roles * p.ph);  // one block per SM
@@ -247,23 +279,24 @@ inline Plan6 make_plan6(int B, int H, int L, int config) {
 // Launchers (cpp_src/gru/gru.cpp): "gru_v6_plan@<dtype>,<rb>" / "gru_v6@<dtype>,<rb>".
 // =================================================================================================================
 // info: kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident, layers. Returns the plan's status (0 = it fits).
-int gru_v6_plan(int B, int H, int L, int config, int* info) {
-  const gru::Plan6 p = gru::make_plan6(B, H, L, config);
+int gru_v6_plan(int B, int H, int L, int T, int config, int* info) {
+  const gru::Plan6 p = gru::make_plan6(B, H, L, T, config);
   const int v[11] = {p.kpt, p.s, p.hb, p.ph, p.pb, p.bb, p.bc, p.smem, p.blocks, p.max_coresident, p.layers};
   for (int i = 0; i < 11; ++i) info[i] = v[i];
   return p.status;
 }
 
-// One launch of L consecutive layers, L = the plan's layers for (B, H, L, config) (the binding splits a deeper stack
+// One launch of L consecutive layers, L = the plan's layers for (B, H, L, T, config) (the binding splits a deeper stack
 // into launches the plan allows). Arrays of L pointers:
 // w_ih[0] is not read (layer 0's projection is gi[0], from the GEMM); gi[l >= 1]: (T, B, 3H) float scratch.
-// counters: (2L - 1) · B ints, zeroed; nullptr: grid.sync() between waves.
+// counters: (2L - 1) · Pb · Ph ints (the plan's batch_slices, hidden_slices), zeroed; nullptr: grid.sync() between
+// waves.
 cudaError_t gru_v6(int L, const void* const* w_ih, const void* const* w_hh, const void* const* b_ih,
                    const void* const* b_hh, const void* const* h0, void* const* out, float* const* gi, int T, int B,
                    int H, int config, int* counters, cudaStream_t stream) {
   using namespace gru;
   if (T == 0 || B == 0) return cudaSuccess;
-  const Plan6 p = make_plan6(B, H, L, config);
+  const Plan6 p = make_plan6(B, H, L, T, config);
   if (p.status == 3) return cudaErrorCooperativeLaunchTooLarge;
   if (p.status || L != p.layers) return cudaErrorInvalidConfiguration;
   V6Args a{};

@@ -100,10 +100,12 @@ def v5_plan(batch: int, hidden: int, dtype: torch.dtype = torch.bfloat16, config
     return dict(ext().v5_plan(batch, hidden, DTYPE_CODE[dtype], config))
 
 
-def v6_plan(batch: int, hidden: int, layers: int, dtype: torch.dtype = torch.float32, config: int = -1) -> dict:
-    """How v6 runs a stack of `layers`: layers per launch (a wavefront of 2·layers - 1 roles of hidden_slices ×
-    batch_slices blocks), rows per pass (2 as v3, 4 as v4), shared memory, blocks, status (0 = fits)."""
-    return dict(ext().v6_plan(batch, hidden, layers, DTYPE_CODE[dtype], config))
+def v6_plan(batch: int, hidden: int, layers: int, seq_len: int, dtype: torch.dtype = torch.float32,
+            config: int = -1) -> dict:
+    """How v6 runs a stack of `layers` over `seq_len` steps: layers per launch (a wavefront of 2·layers - 1 roles of
+    hidden_slices × batch_slices blocks; config -1 picks it by a step-time estimate, 1..4 caps it), rows per pass
+    (2 as v3, 4 as v4), shared memory, blocks, status (0 = fits)."""
+    return dict(ext().v6_plan(batch, hidden, layers, seq_len, DTYPE_CODE[dtype], config))
 
 
 # ---- precision --------------------------------------------------------------------------------------------------
