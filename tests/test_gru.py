@@ -315,6 +315,8 @@ def test_default_version_keeps_the_precision_and_follows_the_batch():
     assert kgru.default_version(torch.bfloat16, n5 - 1) == "v4" and kgru.default_version(torch.bfloat16, n4 - 1) == "v3"
     assert kgru.default_version(torch.float32, 4 * n5) == "v4", "float32 must never default to TF32 (v5)"
     assert kgru.default_version(torch.float32, 1) == "v3"
+    assert kgru.default_version(torch.float32, 1, layers=2) == kgru.default_version(torch.float32, 256, layers=3) == "v6"
+    assert kgru.default_version(torch.bfloat16, n5, layers=2) == "v5"
     assert kgru.default_version(torch.float64, 64) == "v2"
     assert kgru.default_version(torch.float32, 64, cuda=False) == "cpu"
     assert kgru._default(torch.zeros(2, n5, 3, dtype=torch.bfloat16)) == "cpu"

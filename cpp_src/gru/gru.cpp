@@ -219,7 +219,7 @@ std::string v3_plan_error(int64_t version, int status, const int* info, int64_t 
 
 // v6 (cuda_src/gru/v6.cu) is built per dtype and rows-per-pass like v3.cu; it takes v4's four rows a pass (rb 4)
 // where a block has at least this many batch rows (v4 is ahead of v3 from 8 rows a block: batch 32 in v3's split).
-constexpr int kV6Rb4Rows = 8;
+constexpr int kV6Rb4Rows = 4;
 
 std::string v6_variant(const char* name, int dtype, int rb) {
   static const char* dt[3] = {"f32", "f16", "bf16"};

@@ -43,24 +43,29 @@ def ext():
 # The default CUDA version by dtype and batch, from the H100's measurements (results/ and notebook 03 hold them):
 # v3 where there is little work a step (its pass over a pair of rows is the shortest); v4 from V4_MIN_BATCH (more
 # independent FMAs a pass: ahead of v3 from batch 32 in every dtype); for float16/bfloat16, v5 (tensor cores) from
-# V5_MIN_BATCH. float32 never defaults to v5: v5 multiplies float32 in TF32, never taken silently.
+# V5_MIN_BATCH. float32 never defaults to v5: v5 multiplies float32 in TF32, never taken silently. A stack of two
+# or more layers takes v6 where v3/v4 would run: its plan runs the layers as a wavefront where that is faster (small
+# batch) and layer by layer with v3's or v4's step otherwise (the 2-layer sweep in notebook 03).
 V4_MIN_BATCH = 32
 V5_MIN_BATCH = 48
 
 
-def default_version(dtype: torch.dtype, batch: int, cuda: bool = True) -> str:
-    """The version gru() runs when none is named: 'cpu' for CPU tensors; on the GPU by dtype and batch (above)."""
+def default_version(dtype: torch.dtype, batch: int, cuda: bool = True, layers: int = 1) -> str:
+    """The version gru() runs when none is named: 'cpu' for CPU tensors; on the GPU by dtype, batch and layers
+    (above)."""
     if not cuda:
         return "cpu"
     if dtype not in V3_DTYPES:
         return "v2"
     if dtype in (torch.float16, torch.bfloat16) and batch >= V5_MIN_BATCH:
         return "v5"
+    if layers >= 2:
+        return "v6"
     return "v4" if batch >= V4_MIN_BATCH else "v3"
 
 
-def _default(x: torch.Tensor) -> str:
-    return default_version(x.dtype, x.shape[1] if x.dim() == 3 else 1, x.is_cuda)
+def _default(x: torch.Tensor, layers: int = 1) -> str:
+    return default_version(x.dtype, x.shape[1] if x.dim() == 3 else 1, x.is_cuda, layers)
 
 
 # ---- the wrapper ------------------------------------------------------------------------------------------------
@@ -83,8 +88,8 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
         out = (torch.empty(T, B, H, dtype=x.dtype, device=x.device), torch.empty(L, B, H, dtype=x.dtype,
                                                                                 device=x.device))
     o, hn = out
-    return tuple(ext().gru_forward(x, h0, params, o, hn, version_number(version or _default(x)), config,
-                                   grid_sync))
+    version = version or _default(x, len(params) // 4)
+    return tuple(ext().gru_forward(x, h0, params, o, hn, version_number(version), config, grid_sync))
 
 
 def v3_plan(batch: int, hidden: int, dtype: torch.dtype = torch.float32, version: str = "v3") -> dict:

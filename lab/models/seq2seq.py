@@ -163,7 +163,7 @@ class DecoderState:
 class LabSeq2Seq:
     """`Seq2Seq` with the lab's kernels, from the same weights (a state_dict of `Seq2Seq`).
 
-    version: the encoder GRU's version ('cpu', 'v1'..'v5'; default: lab.kernels.gru.default_version for the
+    version: the encoder GRU's version ('cpu', 'v1'..'v6'; default: lab.kernels.gru.default_version for the
     dtype and batch on the GPU, cpu on the CPU).
     """
 

@@ -57,8 +57,8 @@ class Linear(torch.nn.Linear):
 class GRU(torch.nn.GRU):
     """torch.nn.GRU whose forward is the lab's GRU (cuda_src/gru/; the C++ CPU version on the CPU).
 
-    Same constructor arguments and state_dict as torch.nn.GRU, plus version= ('cpu', 'v1'..'v5'; default:
-    lab.kernels.gru.default_version for the input's dtype and batch). Input (seq, batch, input_size), (batch, seq, input_size) with batch_first=True, or
+    Same constructor arguments and state_dict as torch.nn.GRU, plus version= ('cpu', 'v1'..'v6'; default:
+    lab.kernels.gru.default_version for the input's dtype, batch and layers). Input (seq, batch, input_size), (batch, seq, input_size) with batch_first=True, or
     unbatched (seq, input_size); h0 (num_layers, batch, hidden_size) or (num_layers, hidden_size). Returns (output,
     h_n) as torch does."""
 
