@@ -36,7 +36,8 @@
 //
 // Napkin math (H = 512, T = 30, batch 1, fp32; v3 on the H100: ~70 us a layer's launch, ~2.3 us a step): two
 // layers layer by layer cost 2 × (GEMM + launch) ≈ 2 × 79 us; as a wavefront 32 steps of the slowest role (the
-// recurrence: the projection has no gates) plus one GEMM, ≈ 85 us if a step costs what it costs in v3. The price:
+// recurrence: the projection has no gates) plus one GEMM, ≈ 85 us if a step costs what it costs in v3 (notebook 03
+// section 5c prints what the H100 measured, wavefront against layer by layer, per batch). The price:
 // 3 roles × 32 blocks leave one batch slice (132 / 96), so the wavefront does Pb = 1 with all B rows per block,
 // where v3 splits the batch over up to 4 slices. Where that costs more than the overlap saves (a large batch, whose
 // step is FMA-bound, not latency-bound), the plan runs fewer layers per launch (config: the most layers a launch
