@@ -7,7 +7,8 @@
 //   h_t = (1 - z_t) * n_t + z_t * h_{t-1}          reference: torch.nn.GRU with the same weights, in float64
 //
 // Weights as nn.GRU keeps them: w_ih (3H, I), w_hh (3H, H), b_ih (3H), b_hh (3H), rows in gate order r, z, n.
-// Layers run one after another (layer l's output sequence is layer l+1's input). cpp_src/gru/gru.cpp drives them;
+// Layers run one after another (layer l's output sequence is layer l+1's input; v6 overlaps them). cpp_src/gru/gru.cpp
+// drives them;
 // the matrix products that are plain GEMMs go to cuBLAS through ATen (fp32 output for fp16/bf16 inputs: fp32
 // accumulation, no rounding of the gate pre-activations), the rest is here.
 //
@@ -17,8 +18,13 @@
 //               RB (// lab:variants dtype=f32,f16,bf16 rb=2,4): "gru_v3_plan@f32,2", "gru_v3@bf16,4", ...
 //   v5.cu       the persistent tensor-core kernel of v5, its plan and launcher; built once per dtype
 //               (// lab:variants dtype=f32,f16,bf16; f32 multiplies in TF32): "gru_v5_plan@bf16", "gru_v5@f32", ...
-//   persistent.cuh  what v3.cu and v5.cu share: the variant's storage type, coherent loads (and cooperative.cuh)
-//   cooperative.cuh the host side of a cooperative launch (v3.cu, v5.cu, greedy.cu)
+//   v6.cu       the wavefront kernel of v6 (a stack's layers in one launch), its plan and launcher; built like v3.cu:
+//               "gru_v6_plan@f32,2", "gru_v6@bf16,4", ...
+//   rowstep.cuh the step v3.cu and v6.cu share (weights into registers, h rows into shared memory, the dot products,
+//               the gates) and the split their plans share
+//   persistent.cuh  what the persistent units share: the variant's storage type, coherent loads, the step counters
+//                   (and cooperative.cuh)
+//   cooperative.cuh the host side of a cooperative launch (v3.cu, v5.cu, v6.cu, greedy.cu)
 //   decoder.cu  decoder_prep_kernel, the decoder step's token pick and gathers ("gru_decoder_prep")
 //   greedy.cu   greedy_kernel: every step of the seq2seq decoder's greedy loop in one cooperative launch, the
 //               decoder's weights in shared memory ("gru_greedy_plan", "gru_greedy"; its header has the design)
@@ -40,6 +46,9 @@
 //   v5: v3's loop with h_{t-1} W_hh^T on tensor cores (mma.sync: fp16/bf16 as stored, TF32 on float32 tensors), the
 //       block's W_hh slice in shared memory, the gates applied from the mma fragments; eight warp grids, one chosen
 //       per (batch, hidden) by a step-time estimate (v5.cu's header has the split and the napkin math).
+//   v6: v3's step, the layers of a stack as a wavefront in one launch: each layer's recurrence and, between layers,
+//       a projection role (h_{l-1,t} W_ih^T in the launch) run at once on their own blocks, each waiting only for
+//       what it reads; the plan picks the wavefront or layer by layer (v6.cu's header).
 //
 // v3/v4 work split (H = 512, fp32, 132 SMs, 256 threads a block, one block per SM):
 //   - a block owns Hb = 256/S hidden units and Bb batch rows; a unit's 3 rows of W_hh (r, z, n) are spread over S
