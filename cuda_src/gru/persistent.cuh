@@ -51,9 +51,10 @@ __device__ __forceinline__ void slice_wait(const int* counter, int target) {
 }
 __device__ __forceinline__ void slice_arrive(int* counter) {
   __syncthreads();
-  if (threadIdx.x == 0)  // a release add: MEMBAR.ALL.GPU and a fire-and-forget RED (__threadfence + atomicAdd would be
-                         // MEMBAR.SC.GPU, an L1 invalidation and an atomic that returns a value nobody reads)
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1);
+  }
 }
 
 }  // namespace gru
