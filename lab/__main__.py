@@ -263,6 +263,17 @@ def cmd_report(args) -> int:
     return report.run(args)
 
 
+class _OneOp(argparse.Action):
+    """--op takes one op: a second --op is an error, not a silent replacement of the first (a run meant for two ops
+    would check or time only the last one)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"--op given twice ({getattr(namespace, self.dest)}, {value}): one op per run, or leave "
+                         "--op out for all of the family's ops")
+        setattr(namespace, self.dest, value)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -276,7 +287,7 @@ def main(argv=None) -> int:
 
     def common(sp, device_default=None):
         sp.add_argument("families", nargs="*", help="family names (default: all)")
-        sp.add_argument("--op", help="one op of the family")
+        sp.add_argument("--op", action=_OneOp, help="one op of the family (default: all)")
         sp.add_argument("--version", action="append", help="only these versions (repeatable)")
         sp.add_argument("--dtype", help="comma-separated: f,d,h,bf16 or float32,...")
         sp.add_argument("--size", action="append", help="shape override, e.g. n=1000 or M=64,N=64,K=64")
@@ -334,7 +345,7 @@ def main(argv=None) -> int:
                     "e.g. after merging a lent GPU's rows)")
     sp = sub.add_parser("watch", help="rebuild, check and time on every save (Ctrl-C stops)")
     sp.add_argument("family")
-    sp.add_argument("--op", help="one op of the family (default: all)")
+    sp.add_argument("--op", action=_OneOp, help="one op of the family (default: all)")
     sp.add_argument("--version", action="append", help="only these versions (repeatable)")
     sp.add_argument("--device", choices=["cpu", "cuda"], default=None)
     sp.add_argument("--no-isolate", action="store_true", help="check and time in this process (no worker)")

@@ -36,6 +36,13 @@ def test_bad_size_key_is_a_clear_error():
     assert "shape keys ['n']" in r.stderr
 
 
+def test_op_given_twice_is_an_error_not_the_last_one_silently():
+    # argparse would keep the last --op: a sanitizer run meant for two ops would check only one and still pass
+    r = lab("check", "basics", "--op", "square", "--op", "matmul", "--device", "cpu")
+    assert r.returncode == 2
+    assert "--op given twice (square, matmul)" in r.stderr and "passed" not in r.stdout
+
+
 def test_bench_extra_alone_runs_only_that_extra():
     # --extra without --op: no op sweep (rope's ops have CPU versions, so a sweep would print a timing table)
     r = lab("bench", "rope", "--extra", "compile_time", "--device", "cpu", "--dry")

@@ -50,12 +50,13 @@ using GatesCuda = cudaError_t (*)(int dtype, const void* gi, int64_t ldgi, const
                                   int64_t ldho, int B, int H, cudaStream_t stream);
 using V3PlanCuda = int (*)(int B, int H, int* info);
 using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
-                               void* out, int T, int B, int H, int* counters, cudaStream_t stream);
+                               void* out, void* h_n, int T, int B, int H, int* counters, cudaStream_t stream);
 using V5PlanCuda = int (*)(int B, int H, int config, int* info);
 using V6PlanCuda = int (*)(int B, int H, int L, int T, int config, int* info);
 using V6Cuda = cudaError_t (*)(int L, const void* const* w_ih, const void* const* w_hh, const void* const* b_ih,
-                               const void* const* b_hh, const void* const* h0, void* const* out, float* const* gi,
-                               int T, int B, int H, int config, int* counters, cudaStream_t stream);
+                               const void* const* b_hh, const void* const* h0, void* const* out,
+                               void* const* h_n, float* const* gi, int T, int B, int H, int config, int* counters,
+                               cudaStream_t stream);
 using V5Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
                                void* out, int T, int B, int H, int config, int* counters, cudaStream_t stream);
 using DecoderPrepCuda = cudaError_t (*)(int dtype, const void* logits, int64_t ldl, int V, const int64_t* tok_in,
@@ -283,21 +284,20 @@ void forward_v6(const at::Tensor& x, const at::Tensor& h0, const std::vector<at:
     const at::Tensor counters =
         grid_sync ? at::Tensor() : at::zeros({(2 * n - 1) * pb * ph}, x.options().dtype(at::kInt));
     const V6Cuda gru_v6 = lab::launcher<V6Cuda>(v6_variant("gru_v6", dt, rb));
-    LAB_CUDA_CHECK(gru_v6(n, w_ih, w_hh, b_ih, b_hh, h0p, outp, gi, tn, b, h, int(config),
+    void* hnp[4];  // each layer's h_n, written by the kernel at the last step (h_n is contiguous: checked)
+    for (int i = 0; i < n; ++i) hnp[i] = h_n.select(0, l0 + i).data_ptr();
+    LAB_CUDA_CHECK(gru_v6(n, w_ih, w_hh, b_ih, b_hh, h0p, outp, hnp, gi, tn, b, h, int(config),
                           grid_sync ? nullptr : counters.data_ptr<int>(), st),
                    "gru v6 persistent wavefront kernel (cooperative launch)");
-    for (int i = 0; i < n; ++i) {
-      const at::Tensor& o = keep[size_t(2 * i)];
-      h_n.select(0, l0 + i).copy_(o.select(0, Tn - 1));
-    }
     in = keep[size_t(2 * (n - 1))];
     l0 += n;
   }
 }
 
-void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tensor& in, const at::Tensor& w_ih,
+// Returns whether the kernel wrote h_n's layer slice hnl itself (v3, v4); else the caller copies the last step.
+bool layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tensor& in, const at::Tensor& w_ih,
                 const at::Tensor& w_hh, const at::Tensor& b_ih, const at::Tensor& b_hh, const at::Tensor& h0l,
-                at::Tensor& o) {
+                at::Tensor& o, at::Tensor hnl) {
   const int64_t Tn = in.size(0), B = in.size(1), I = in.size(2), H = w_hh.size(1), G = 3 * H;
   const int dt = dtype_code(in.scalar_type());
   const int b = lab::check_int32(B, "batch"), h = lab::check_int32(H, "hidden");
@@ -313,7 +313,7 @@ void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
                                H, b, h, st),
                      "gru v1 gate kernel");
     }
-    return;
+    return false;
   }
   const at::Tensor gi = proj(in.view({Tn * B, I}), w_ih);  // (T*B, 3H): every step's input projection, one GEMM
   if (version == 2) {
@@ -326,7 +326,7 @@ void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
                                hp.defined() ? hp.data_ptr() : nullptr, H, o.select(0, t).data_ptr(), H, b, h, st),
                      "gru v2 gate kernel");
     }
-    return;
+    return false;
   }
   if (version == 5) {  // cuda_src/gru/v5.cu, the variant of this dtype
     static const char* dts[3] = {"f32", "f16", "bf16"};
@@ -337,16 +337,17 @@ void layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
                           h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), lab::check_int32(Tn, "seq_len"), b,
                           h, int(config), grid_sync ? nullptr : counters.data_ptr<int>(), st),
                    "gru v5 persistent tensor-core kernel (cooperative launch)");
-    return;
+    return false;
   }
   // cuda_src/gru/v3.cu, the variant of this version (rb 2 / 4) and dtype
   const V3Cuda gru_v3 = lab::launcher<V3Cuda>(v3_variant("gru_v3", version, dt));
   const at::Tensor counters = grid_sync ? at::Tensor() : at::zeros({B}, in.options().dtype(at::kInt));
   LAB_CUDA_CHECK(gru_v3(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
-                        h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), lab::check_int32(Tn, "seq_len"), b, h,
-                        grid_sync ? nullptr : counters.data_ptr<int>(), st),
+                        h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), hnl.data_ptr(),
+                        lab::check_int32(Tn, "seq_len"), b, h, grid_sync ? nullptr : counters.data_ptr<int>(), st),
                  version == 3 ? "gru v3 persistent kernel (cooperative launch)"
                               : "gru v4 persistent kernel (cooperative launch)");
+  return true;
 }
 #endif
 
@@ -417,8 +418,8 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
                                         lab::check_int32(H, "hidden"), info);
         LAB_CHECK_VALUE(status == 0, v3_plan_error(version, status, info, B, H, x.scalar_type()));
       }
-      layer_cuda(version, config, grid_sync, in, w_ih, w_hh, b_ih, b_hh, h0l, o);
-      h_n.select(0, l).copy_(o.select(0, Tn - 1));
+      if (!layer_cuda(version, config, grid_sync, in, w_ih, w_hh, b_ih, b_hh, h0l, o, h_n.select(0, l)))
+        h_n.select(0, l).copy_(o.select(0, Tn - 1));
 #else
       LAB_NO_CUDA_BUILD("gru_forward");
 #endif

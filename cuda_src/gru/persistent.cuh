@@ -34,8 +34,9 @@ __device__ __forceinline__ __nv_bfloat16 ldcg(const __nv_bfloat16* p) {
 
 // The step's exchange, per batch slice (v3/v4 and v5). A block needs h_{t-1} only for its own batch rows, which the
 // Ph blocks of its slice write; so it waits for those Ph blocks, not for the whole grid. After its last h_t store a
-// block's thread 0 fences (the block's stores, ordered before it by the __syncthreads, become visible at GPU scope:
-// the pattern cooperative_groups' grid.sync() uses) and counts the step done (slice_arrive); before reading h_t,
+// block's thread 0 counts the step done with a release add at GPU scope (slice_arrive: the block's stores, ordered
+// before it by the __syncthreads, are visible to whoever acquires the count; cooperative_groups' grid.sync() pairs a
+// barrier and a release the same way); before reading h_t,
 // thread 0 of every block of the slice spins until the count reaches Ph * (t + 1) (slice_wait). Counts only grow, so
 // no reset between steps; the counters are zeroed before the launch.
 __device__ __forceinline__ int ld_acquire(const int* p) {
@@ -51,10 +52,9 @@ __device__ __forceinline__ void slice_wait(const int* counter, int target) {
 }
 __device__ __forceinline__ void slice_arrive(int* counter) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1);
-  }
+  if (threadIdx.x == 0)  // a release add: MEMBAR.ALL.GPU and a fire-and-forget RED (__threadfence + atomicAdd would be
+                         // MEMBAR.SC.GPU, an L1 invalidation and an atomic that returns a value nobody reads)
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 
 }  // namespace gru

@@ -180,10 +180,12 @@ __device__ __forceinline__ void dot_rows(const float (&w)[3][KPT], const T* hs, 
 // 5. Gates and the update for the chunk's nr rows (rows c0.. of the block's slice, which starts at batch row b0),
 //    one thread per (row, unit): units fastest, so stores of h_t coalesce. gib: the step's x_t W_ih^T
 //    [Bb][3][Hb] (no bias); ghs: dot_rows' sums; bias [6][Hb]: b_ih r,z,n, b_hh r,z,n; hown [Bb][Hb]: the block's h
-//    in fp32 (the same thread owns (row, unit) at every step); out: (T, B, H), h_t stored at step t.
+//    in fp32 (the same thread owns (row, unit) at every step); out: (T, B, H), h_t stored at step t; last: (B, H),
+//    h_t stored there too (h_n, at the last step), or nullptr.
 template <class T, int Hb>
 __device__ __forceinline__ void apply_gates(const float* gib, const float* ghs, const float* bias, float* hown,
-                                            T* out, int t, int B, int b0, int j0, int H, int c0, int nr, int tid) {
+                                            T* out, int t, int B, int b0, int j0, int H, int c0, int nr, int tid,
+                                            T* last) {
   for (int p = tid; p < nr * Hb; p += kThreads) {
     const int uu = p % Hb, r = p / Hb, jj = j0 + uu, bb = c0 + r;
     if (jj >= H) continue;
@@ -196,6 +198,7 @@ __device__ __forceinline__ void apply_gates(const float* gib, const float* ghs, 
     const float hn = ng + zg * (hp - ng);
     hown[bb * Hb + uu] = hn;
     out[(int64_t(t) * B + b0 + bb) * H + jj] = from_f<T>(hn);
+    if (last) last[int64_t(b0 + bb) * H + jj] = from_f<T>(hn);
   }
 }
 

@@ -36,6 +36,7 @@ struct V3Args {
   const void* b_hh;  // (3H)
   const void* h0;    // (B, H) or nullptr (zeros)
   void* out;         // (T, B, H)
+  void* h_n;         // (B, H): the last step's h, or nullptr
   int T, B, H;
   int Ph;            // hidden-unit partitions (block index % Ph)
   int Bb;            // batch rows per block
@@ -109,7 +110,8 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
       dot_rows<T, KPT, S, RB>(w, hs, ghs, nr, s, u);  // 4. (v4: 4'.) h W_hh^T into ghs
       __syncthreads();  // all sums of the chunk stored
 
-      apply_gates<T, Hb>(gib, ghs, bias, hown, out, t, B, b0, j0, H, c0, nr, tid);  // 5.
+      apply_gates<T, Hb>(gib, ghs, bias, hown, out, t, B, b0, j0, H, c0, nr, tid,  // 5.
+                         t + 1 == a.T ? static_cast<T*>(a.h_n) : nullptr);
       // The next chunk's load overwrites hs (read only before the barrier above); its __syncthreads orders the
       // gate phase's reads of ghs before the next dot phase rewrites them.
     }
@@ -184,15 +186,16 @@ int gru_v3_plan(int B, int H, int* info) {
   return p.status;
 }
 
-// counters: at least batch ints, zeroed (the per-slice step counts); nullptr: grid.sync() each step.
+// counters: at least batch ints, zeroed (the per-slice step counts); nullptr: grid.sync() each step. h_n: (B, H), the
+// last step's h (written by the kernel: no copy after it), or nullptr.
 cudaError_t gru_v3(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0, void* out,
-                   int T, int B, int H, int* counters, cudaStream_t stream) {
+                   void* h_n, int T, int B, int H, int* counters, cudaStream_t stream) {
   using namespace gru;
   if (T == 0 || B == 0) return cudaSuccess;
   const Plan p = make_plan(B, H);
   if (p.status == 3) return cudaErrorCooperativeLaunchTooLarge;
   if (p.status) return cudaErrorInvalidConfiguration;
-  V3Args a{gi, w_hh, b_ih, b_hh, h0, out, T, B, H, p.ph, p.bb, p.bc, counters};
+  V3Args a{gi, w_hh, b_ih, b_hh, h0, out, h_n, T, B, H, p.ph, p.bb, p.bc, counters};
   void* args[] = {&a};
   // cooperative: the blocks of a slice wait for each other (the counters) or all of them do (grid.sync())
   return launch_cooperative(v3_kernel_for<VT, kRB>(p.kpt, p.s), p.blocks, p.smem, stream, args);

@@ -70,6 +70,7 @@ struct V6Args {
   const void* b_hh[kMaxLayers];  // (3H)
   const void* h0[kMaxLayers];    // (B, H) or nullptr (zeros)
   void* out[kMaxLayers];         // (T, B, H): layer l's output sequence
+  void* h_n[kMaxLayers];         // (B, H): layer l's last h
   float* gi[kMaxLayers];         // (T, B, 3H) layer l's input projection, no bias: l = 0 from the GEMM before the
                                  // launch; l >= 1 written in the launch by role 2l - 1
   int L, T, B, H;
@@ -186,7 +187,8 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v6_kernel(const V6Args a) {
       __syncthreads();  // the h tile and gi visible to all
       dot_rows<T, KPT, S, RB>(w, hs, ghs, nr, s, u);
       __syncthreads();
-      apply_gates<T, Hb>(gib, ghs, bias, hown, out, t, B, b0, j0, H, c0, nr, tid);
+      apply_gates<T, Hb>(gib, ghs, bias, hown, out, t, B, b0, j0, H, c0, nr, tid,
+                         t + 1 == a.T ? static_cast<T*>(a.h_n[l]) : nullptr);
     }
     // the last layer's last step has no reader; every other step has one (this slice's next step, the projection)
     if (own && (t + 1 < a.T || l + 1 < a.L)) slice_arrive(own);
@@ -289,12 +291,13 @@ int gru_v6_plan(int B, int H, int L, int T, int config, int* info) {
 
 // One launch of L consecutive layers, L = the plan's layers for (B, H, L, T, config) (the binding splits a deeper stack
 // into launches the plan allows). Arrays of L pointers:
-// w_ih[0] is not read (layer 0's projection is gi[0], from the GEMM); gi[l >= 1]: (T, B, 3H) float scratch.
+// w_ih[0] is not read (layer 0's projection is gi[0], from the GEMM); gi[l >= 1]: (T, B, 3H) float scratch; h_n[l]:
+// (B, H), layer l's last h (written by the kernel).
 // counters: (2L - 1) · Pb · Ph ints (the plan's batch_slices, hidden_slices), zeroed; nullptr: grid.sync() between
 // waves.
 cudaError_t gru_v6(int L, const void* const* w_ih, const void* const* w_hh, const void* const* b_ih,
-                   const void* const* b_hh, const void* const* h0, void* const* out, float* const* gi, int T, int B,
-                   int H, int config, int* counters, cudaStream_t stream) {
+                   const void* const* b_hh, const void* const* h0, void* const* out, void* const* h_n,
+                   float* const* gi, int T, int B, int H, int config, int* counters, cudaStream_t stream) {
   using namespace gru;
   if (T == 0 || B == 0) return cudaSuccess;
   const Plan6 p = make_plan6(B, H, L, T, config);
@@ -303,7 +306,7 @@ cudaError_t gru_v6(int L, const void* const* w_ih, const void* const* w_hh, cons
   V6Args a{};
   for (int l = 0; l < L; ++l) {
     a.w_ih[l] = w_ih[l], a.w_hh[l] = w_hh[l], a.b_ih[l] = b_ih[l], a.b_hh[l] = b_hh[l];
-    a.h0[l] = h0[l], a.out[l] = out[l], a.gi[l] = gi[l];
+    a.h0[l] = h0[l], a.out[l] = out[l], a.h_n[l] = h_n[l], a.gi[l] = gi[l];
   }
   a.L = L, a.T = T, a.B = B, a.H = H, a.Ph = p.ph, a.Pb = p.pb, a.Bb = p.bb, a.BC = p.bc;
   a.counters = counters;
