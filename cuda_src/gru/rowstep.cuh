@@ -4,9 +4,11 @@
 // (3H, H) weight matrix are spread over S lanes of one warp, KPT columns each, in registers for the whole sequence.
 //
 //   load_w      lane s's KPT columns of its unit's three rows, into registers (once per launch)
+//   init_state  the block's biases and its own h (h0's rows or zeros), once per launch; zero_pad: a tile's pad columns
 //   load_rows   nr rows of h (global, written during this launch by other SMs: L2-only copies) into the h tile
 //   dot_rows    the tile's rows times the three rows: one fp32 sum per (row, gate, unit) into ghs
 //   apply_gates the gates and the state update of the chunk's rows, h_t stored in fp32 (own) and as T (out)
+//   proj_rows   (v7) rows of x times the block's W_ih slice held in shared memory: the step's x_t W_ih^T
 // All are force-inlined into the kernels: the code the compiler sees is that of one kernel body.
 #pragma once
 
@@ -96,6 +98,46 @@ __device__ __forceinline__ void load_w(float (&w)[3][KPT], const T* W, int j, in
       }
 }
 
+// 2. The block's biases [6][Hb] (b_ih r,z,n, b_hh r,z,n; zero past H) and its own h [Bb][Hb] in fp32: h0's rows
+//    b0.. (nb of them), zeros past them, past H, or everywhere when h0 is nullptr.
+template <class T, int Hb>
+__device__ __forceinline__ void init_state(float* bias, float* hown, const T* bih, const T* bhh, const T* h0, int j0,
+                                           int b0, int nb, int Bb, int H, int tid) {
+  for (int p = tid; p < 6 * Hb; p += kThreads) {
+    const int g = p / Hb, jj = j0 + p % Hb;
+    bias[p] = jj < H ? tof((g < 3 ? bih : bhh)[(g % 3) * H + jj]) : 0.f;
+  }
+  for (int p = tid; p < Bb * Hb; p += kThreads) {
+    const int bb = p / Hb, jj = j0 + p % Hb;
+    hown[p] = (h0 && bb < nb && jj < H) ? tof(h0[int64_t(b0 + bb) * H + jj]) : 0.f;
+  }
+}
+
+// Zeros in columns n..Kp-1 of a tile [rows][Kp] whose columns < n are loaded each step: the dot products run over
+// all Kp columns, and 0 * garbage could be NaN.
+template <class T>
+__device__ __forceinline__ void zero_pad(T* tile, int rows, int Kp, int n, int tid) {
+  if (Kp > n)
+    for (int p = tid; p < rows * (Kp - n); p += kThreads) tile[(p / (Kp - n)) * Kp + n + p % (Kp - n)] = from_f<T>(0.f);
+}
+
+// After a four-row pass and its reduce-scatter (NV = 16 values: row q, gate g at q*4 + g, g = 3 a pad): lane s
+// stores the sums it holds, ghs[(row*3 + g)*Hb + u] for the rows r.. below nr.
+template <int S, int NV>
+__device__ __forceinline__ void store_sums(const float (&acc)[NV], float* ghs, int r, int nr, int s, int u) {
+  constexpr int Hb = kThreads / S;
+  if constexpr (S <= NV) {
+#pragma unroll
+    for (int i = 0; i < NV / S; ++i) {
+      const int idx = s * (NV / S) + i, q = idx / 4, g = idx % 4;  // value idx = row q, gate g (3: pad)
+      if (g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[i];
+    }
+  } else {
+    const int idx = s / (S / NV), q = idx / 4, g = idx % 4;
+    if (s % (S / NV) == 0 && g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[0];
+  }
+}
+
 // The tile's nr rows (hs, row length Kp = KPT*S, zero past H) times the unit's three rows: ghs[(r*3 + g)*Hb + u],
 // Hb = kThreads/S. RB = 2 (v3): two rows at a time, 6 FMA chains, butterfly over the S lanes; RB = 4 (v4): four rows
 // at a time, 12 chains, reduce-scatter.
@@ -130,16 +172,7 @@ __device__ __forceinline__ void dot_rows(const float (&w)[3][KPT], const T* hs, 
           }
       }
       reduce_scatter<S / 2, NV, NV>(acc, s);
-      if constexpr (S <= NV) {
-#pragma unroll
-        for (int i = 0; i < NV / S; ++i) {
-          const int idx = s * (NV / S) + i, q = idx / 4, g = idx % 4;  // value idx = row q, gate g (3: pad)
-          if (g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[i];
-        }
-      } else {
-        const int idx = s / (S / NV), q = idx / 4, g = idx % 4;
-        if (s % (S / NV) == 0 && g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[0];
-      }
+      store_sums<S, NV>(acc, ghs, r, nr, s, u);
     }
   } else {
     // 4. h W_hh^T for (row, unit u), two rows at a time: 6 FMA chains, KPT/4 x 2 16-byte shared loads.
@@ -174,6 +207,45 @@ __device__ __forceinline__ void dot_rows(const float (&w)[3][KPT], const T* hs, 
       for (int q = 1; q < 6; ++q) v = (s == q) ? acc[q] : v;
       if (s < 3 || (s < 6 && r1 != r)) ghs[((s < 3 ? r : r1) * 3 + s % 3) * Hb + u] = v;
     }
+  }
+}
+
+// v7's input projection: nr rows of x (xs [.][Ip], zero past I) times the block's slice of W_ih held in shared
+// memory (wis [Hb][3][Ip]: unit u's three rows, zero past I and for units past H) into gib[(r*3 + g)*Hb + u] = x_r ·
+// W_ih[g*H + j0 + u], fp32 sums. As v4's dot_rows: lane s of unit u takes columns c + 4s..4s+3 of every 4S, four
+// rows a pass (12 FMA chains), reduce-scatter over the S lanes; the weights come from shared memory (3 16-byte
+// loads per 4 columns, shared by the pass's 4 rows) since W_hh's slice already fills the registers.
+template <class T, int S>
+__device__ __forceinline__ void proj_rows(const T* wis, const T* xs, float* gib, int nr, int Ip, int s, int u) {
+  constexpr int NV = 16;
+  const T* wu = wis + u * 3 * Ip + s * 4;
+  for (int r = 0; r < nr; r += 4) {
+    const T* xq[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) xq[q] = xs + min(r + q, nr - 1) * Ip + s * 4;  // past the end: repeat
+    float acc[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) acc[i] = 0.f;
+#pragma unroll 2
+    for (int c = 0; c < Ip; c += 4 * S) {
+      float4 x[4], wv[3];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) x[q] = ld4(xq[q] + c);
+#pragma unroll
+      for (int g = 0; g < 3; ++g) wv[g] = ld4(wu + g * Ip + c);
+#pragma unroll
+      for (int g = 0; g < 3; ++g)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          float& y = acc[q * 4 + g];
+          y = fmaf(wv[g].x, x[q].x, y);
+          y = fmaf(wv[g].y, x[q].y, y);
+          y = fmaf(wv[g].z, x[q].z, y);
+          y = fmaf(wv[g].w, x[q].w, y);
+        }
+    }
+    reduce_scatter<S / 2, NV, NV>(acc, s);
+    store_sums<S, NV>(acc, gib, r, nr, s, u);
   }
 }
 
@@ -228,10 +300,11 @@ inline bool split_units(int H, UnitSplit* u) {
 
 // Rows of h per shared-memory chunk for a block of bb batch rows (at most bb), and the block's shared memory: the h
 // tile and the reduced sums per chunk row, the double-buffered input projections, the block's h and the biases for
-// all bb rows. 0 when not even one row fits in the opt-in limit (less the runtime's reserved 1 KB).
-inline int chunk_rows(int bb, const UnitSplit& u, int esize, int optin, int* smem) {
+// all bb rows, and `extra` bytes after them (v7: its W_ih slice and x tile). 0 when not even one row fits in the
+// opt-in limit (less the runtime's reserved 1 KB).
+inline int chunk_rows(int bb, const UnitSplit& u, int esize, int optin, int* smem, int extra = 0) {
   const int kp = u.kpt * u.s;
-  const int fixed = (2 * bb * 3 * u.hb + bb * u.hb + 6 * u.hb) * 4;
+  const int fixed = (2 * bb * 3 * u.hb + bb * u.hb + 6 * u.hb) * 4 + extra;
   const int row = kp * esize + 3 * u.hb * 4;
   const int budget = optin - 1024;
   int bc = fixed < budget ? (budget - fixed) / row : 0;

@@ -73,17 +73,9 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
   //    c*4S + 4s + {0..3}: a warp's 16-byte reads of an h row are then contiguous and conflict-free.
   float w[3][KPT];
   load_w<T, KPT, S>(w, W, j, s, H);
-  // 2. Biases, the block's own h (fp32), and zeros in the pad columns of the h tile (0 * garbage could be NaN).
-  for (int p = tid; p < 6 * Hb; p += kThreads) {
-    const int g = p / Hb, jj = j0 + p % Hb;
-    bias[p] = jj < H ? tof((g < 3 ? bih : bhh)[(g % 3) * H + jj]) : 0.f;
-  }
-  for (int p = tid; p < Bb * Hb; p += kThreads) {
-    const int bb = p / Hb, jj = j0 + p % Hb;
-    hown[p] = (h0 && bb < nb && jj < H) ? tof(h0[int64_t(b0 + bb) * H + jj]) : 0.f;
-  }
-  if (Kp > H)
-    for (int p = tid; p < BC * (Kp - H); p += kThreads) hs[(p / (Kp - H)) * Kp + H + p % (Kp - H)] = from_f<T>(0.f);
+  // 2. Biases, the block's own h (fp32), and zeros in the pad columns of the h tile.
+  init_state<T, Hb>(bias, hown, bih, bhh, h0, j0, b0, nb, Bb, H, tid);
+  zero_pad<T>(hs, BC, Kp, H, tid);
 
   for (int t = 0; t < a.T; ++t) {
     // 3. Prefetch this step's input projections: independent of h, so they are in flight across the barrier.

@@ -108,20 +108,10 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v6_kernel(const V6Args a) {
   T* out = static_cast<T*>(a.out[l]);
   float w[3][KPT];
   load_w<T, KPT, S>(w, static_cast<const T*>(proj ? a.w_ih[l] : a.w_hh[l]), j, s, H);
-  if (!proj) {
-    const T* bih = static_cast<const T*>(a.b_ih[l]);
-    const T* bhh = static_cast<const T*>(a.b_hh[l]);
-    for (int p = tid; p < 6 * Hb; p += kThreads) {
-      const int g = p / Hb, jj = j0 + p % Hb;
-      bias[p] = jj < H ? tof((g < 3 ? bih : bhh)[(g % 3) * H + jj]) : 0.f;
-    }
-    for (int p = tid; p < Bb * Hb; p += kThreads) {
-      const int bb = p / Hb, jj = j0 + p % Hb;
-      hown[p] = (h0 && bb < nb && jj < H) ? tof(h0[int64_t(b0 + bb) * H + jj]) : 0.f;
-    }
-  }
-  if (Kp > H)
-    for (int p = tid; p < BC * (Kp - H); p += kThreads) hs[(p / (Kp - H)) * Kp + H + p % (Kp - H)] = from_f<T>(0.f);
+  if (!proj)
+    init_state<T, Hb>(bias, hown, static_cast<const T*>(a.b_ih[l]), static_cast<const T*>(a.b_hh[l]), h0, j0, b0, nb,
+                      Bb, H, tid);
+  zero_pad<T>(hs, BC, Kp, H, tid);
 
   // own: where this block counts its steps; below: what it waits for, and the count that means "step t is done"
   const int us = lb % a.Ph;
