@@ -371,8 +371,8 @@ def test_v7_plan_and_error_when_w_ih_does_not_fit():
     assert kgru.v7_plan(4, 2048, 16)["status"] == 1
     x, h0, params = _inputs(2, 4, 8192, 512, device="cuda")
     with pytest.raises(ValueError, match=r"gru v7 cannot run batch 4, hidden 512, input 8192, Float on this GPU: a "
-                                         r"block's W_ih slice \(48 rows of 8192\) and x tile \(1 batch row\(s\)\) "
-                                         r"do not fit.*use v4 or v2"):
+                                         r"block's W_ih slice \(48 rows of 8192\) and one row of x do not fit in "
+                                         r"shared memory.*use v4 or v2"):
         kgru.gru(x, h0, params, version="v7")
 
 

@@ -268,9 +268,9 @@ std::string v7_plan_error(int status, const int* info, int64_t B, int64_t H, int
   std::string o = lab::cat("gru v7 cannot run batch ", B, ", hidden ", H, ", input ", I, ", ", dt, " on this GPU: ");
   switch (status) {
     case 1: o += "it keeps W_hh in registers as v3 does, so hidden <= 1024"; break;
-    case 2: o += lab::cat("a block's W_ih slice (", 3 * info[2], " rows of ", info[10], ") and x tile (", info[5],
-                          " batch row(s)) do not fit in shared memory beside its h buffers; v3/v4 take the input projection "
-                          "as a GEMM before the launch"); break;
+    case 2: o += lab::cat("a block's W_ih slice (", 3 * info[2], " rows of ", info[10], ") and one row of x do not fit "
+                          "in shared memory beside its h buffers; v3/v4 take the input projection as a GEMM before "
+                          "the launch"); break;
     case 3: o += lab::cat("its blocks wait for each other, so all ", info[8], " must be co-resident, the GPU holds ",
                           info[9], " at once"); break;
     case 4: o += "the device does not support cooperative launches"; break;
@@ -346,7 +346,7 @@ bool layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
     return false;
   }
   if (version == 7) {  // cuda_src/gru/v7.cu: the input projection inside the launch (the plan was checked)
-    int info[11], rb = 2;
+    int info[12], rb = 2;
     v7_plan_call(dt, b, h, lab::check_int32(I, "input_size"), info, &rb);
     const V7Cuda gru_v7 = lab::launcher<V7Cuda>(v6_variant("gru_v7", dt, rb));
     const at::Tensor counters = grid_sync ? at::Tensor() : at::zeros({B}, in.options().dtype(at::kInt));
@@ -455,7 +455,7 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
                                         lab::check_int32(H, "hidden"), int(config), info);
         LAB_CHECK_VALUE(status == 0, v5_plan_error(status, info, B, H, x.scalar_type(), config));
       } else if (version == 7) {
-        int info[11], rb = 2;
+        int info[12], rb = 2;
         const int64_t I = in.size(2);
         const int status = v7_plan_call(dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
                                         lab::check_int32(H, "hidden"), lab::check_int32(I, "input_size"), info, &rb);
@@ -901,15 +901,15 @@ py::dict v7_plan(int64_t batch, int64_t hidden, int64_t input, int64_t dtype_cod
                   hidden, ", ", input);
   py::dict d;
 #ifdef LAB_WITH_CUDA
-  static const char* kInfoNames[11] = {"kpt", "lanes_per_unit", "units_per_block", "hidden_slices", "batch_slices",
+  static const char* kInfoNames[12] = {"kpt", "lanes_per_unit", "units_per_block", "hidden_slices", "batch_slices",
                                        "rows_per_block", "rows_per_chunk", "smem_bytes", "blocks", "max_coresident",
-                                       "input_padded"};
-  int info[11], rb = 2;
+                                       "input_padded", "x_rows_per_chunk"};
+  int info[12], rb = 2;
   const int status = v7_plan_call(int(dtype_code_), lab::check_int32(batch, "batch"),
                                   lab::check_int32(hidden, "hidden"), lab::check_int32(input, "input"), info, &rb);
   d["status"] = status;  // as v3_plan's; 2 also when W_ih's slice and the x tile do not fit
   d["rows_per_pass"] = rb;
-  for (int i = 0; i < 11; ++i) d[kInfoNames[i]] = info[i];
+  for (int i = 0; i < 12; ++i) d[kInfoNames[i]] = info[i];
 #else
   LAB_NO_CUDA_BUILD("v7_plan");
 #endif
@@ -943,6 +943,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("v7_plan", lab::bind(v7_plan),
         "v7_plan(batch, hidden, input, dtype_code) -> {status, rows_per_pass, kpt, lanes_per_unit, units_per_block, "
         "hidden_slices, batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, max_coresident, "
-        "input_padded}");
+        "input_padded, x_rows_per_chunk}");
   LAB_BIND_UNITS(m);
 }

@@ -40,6 +40,13 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {  // 4 
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Groups (v7): commit the copies issued so far as one group; wait until at most N of the latest groups are pending
+// (older groups complete first), so a prefetch committed after a step's h loads need not hold that step up.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 template <class T>
 __device__ void load_rows(T* hs, int Kp, const T* src, int nr, int H) {
@@ -58,6 +65,32 @@ __device__ void load_rows(T* hs, int Kp, const T* src, int nr, int H) {
     for (int p = threadIdx.x; p < nr * H; p += kThreads) {
       const int r = p / H, k = p % H;
       hs[r * Kp + k] = ldcg(src + int64_t(r) * H + k);
+    }
+  }
+}
+
+// v7: the block's slice of W_ih (3H, I) into shared memory, wis [Hb][3][Ip]: row u*3 + g is W_ih's row g*H + j0 + u
+// (zeros for units past H), columns past I zero. 16-byte cp.async copies, all in flight at once, when rows are
+// 16-byte aligned; element loads (unrolled, so several are in flight) otherwise. Read-only input: L1 may keep it.
+template <class T>
+__device__ void load_wslice(T* wis, const T* W, int j0, int Hb, int H, int I, int Ip) {
+  constexpr int E = 16 / sizeof(T);
+  const int rows = Hb * 3;
+  for (int p = threadIdx.x; p < rows * (Ip - I); p += kThreads) wis[(p / (Ip - I)) * Ip + I + p % (Ip - I)] = from_f<T>(0.f);
+  if (I % E == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0) {
+    const int cpr = I / E;
+    for (int p = threadIdx.x; p < rows * cpr; p += kThreads) {
+      const int r = p / cpr, c = p % cpr, jj = j0 + r / 3;
+      if (jj < H)
+        cp_async16_cg(wis + r * Ip + c * E, W + (int64_t(r % 3) * H + jj) * I + c * E);
+      else
+        *reinterpret_cast<float4*>(wis + r * Ip + c * E) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  } else {
+#pragma unroll 8
+    for (int p = threadIdx.x; p < rows * I; p += kThreads) {
+      const int r = p / I, k = p % I, jj = j0 + r / 3;
+      wis[r * Ip + k] = jj < H ? W[(int64_t(r % 3) * H + jj) * I + k] : from_f<T>(0.f);
     }
   }
 }

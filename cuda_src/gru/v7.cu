@@ -10,8 +10,9 @@
 // v7 adds one idea: each block computes x_{t+1} W_ihᵀ for its own batch rows and hidden units itself, in the gap
 // between counting step t done and waiting for step t's h — the projection of the next step does not depend on h,
 // so it fills the wait instead of preceding the launch. W_ih's slice for the block's Hb units (3·Hb rows of I) sits
-// in shared memory (W_hh's already fills the registers: 96 per lane at hidden 512); x_{t+1}'s rows are prefetched
-// with cp.async one step ahead. The recurrence itself is v3's (rb 2) or v4's (rb 4) step, unchanged.
+// in shared memory (W_hh's already fills the registers: 96 per lane at hidden 512); x_{t+1}'s first rows are
+// prefetched with cp.async during step t, in a copy group of their own so the step waits only for its h. The
+// recurrence itself is v3's (rb 2) or v4's (rb 4) step, unchanged.
 //
 // Napkin math (H100, hidden 512, input 256, fp32; Hb = 16 units a block, 32 blocks a batch slice):
 //   projection a step, per block: nb rows × 3·16 outputs × 256 = 12.3 K FMA per row; the recurrence 24.6 K per row.
@@ -19,9 +20,9 @@
 //   batch 64 (16 rows a block): 197 K FMA, ~0.9 µs at 128 FMA/clk — against a ~5 µs step, inside the wait.
 //   batch 256 (64 rows a block): 0.8 M FMA, ~3.5 µs a step of FMA issue alone, about what the wait leaves: the
 //   GEMM (on all SMs, before the launch) is then no worse, and the default keeps v4 there (gru.py).
-//   shared memory: W_ih's slice 3·16·256·4 = 48 KB, the x tile nb·256·4 (16 KB at 16 rows), beside v4's buffers.
-// Limits: the W_ih slice and the x tile must fit beside one h row (the plan's status 2: a large input size or
-// batch slice); then v3/v4 (or v2) run it.
+//   shared memory: W_ih's slice 3·16·256·4 = 48 KB, an x tile of up to 32 rows (32 KB), beside v4's buffers.
+// Limits: the W_ih slice and one row of x must fit beside one h row (else the plan's status 2: a large input size
+// or hidden slice); then v3/v4 (or v2) run the layer.
 #include "rowstep.cuh"
 
 // cooperative_groups.h without the libcu++ headers it would pull in (as in v3.cu)
@@ -52,6 +53,7 @@ struct V7Args {
   int Ph;            // hidden-unit partitions (block index % Ph)
   int Bb;            // batch rows per block
   int BC;            // rows of h per shared-memory chunk (BC <= Bb)
+  int XC;            // rows of x per shared-memory chunk (XC <= Bb)
   int Ip;            // I padded to a multiple of 4·S (the x tile's and the W_ih slice's row length)
   int* counters;     // per batch slice, zeroed (persistent.cuh); nullptr: grid.sync() each step
 };
@@ -61,7 +63,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v7_kernel(const V7Args a) {
   constexpr int Kp = KPT * S;
   constexpr int Hb = kThreads / S;
   extern __shared__ float4 smem4[];
-  const int H = a.H, B = a.B, Bb = a.Bb, BC = a.BC, I = a.I, Ip = a.Ip;
+  const int H = a.H, B = a.B, Bb = a.Bb, BC = a.BC, XC = a.XC, I = a.I, Ip = a.Ip;
   const int j0 = (blockIdx.x % a.Ph) * Hb, b0 = (blockIdx.x / a.Ph) * Bb;
   const int tid = threadIdx.x, s = tid % S, u = tid / S, j = j0 + u;
   const int nb = min(Bb, B - b0);
@@ -72,33 +74,38 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v7_kernel(const V7Args a) {
   float* hown = gis + 2 * Bb * 3 * Hb;                                   // [Bb][Hb] this block's h, fp32
   float* bias = hown + Bb * Hb;                                          // [6][Hb]
   T* wis = reinterpret_cast<T*>(bias + 6 * Hb);                          // [Hb][3][Ip] W_ih rows of the block's units
-  T* xs = wis + Hb * 3 * Ip;                                             // [Bb][Ip] x_{t+1} rows of the block
+  T* xs = wis + Hb * 3 * Ip;                                             // [XC][Ip] rows of x
 
   const T* X = static_cast<const T*>(a.x);
   const T* Wi = static_cast<const T*>(a.w_ih);
   const T* h0 = static_cast<const T*>(a.h0);
   T* out = static_cast<T*>(a.out);
 
-  // 1. W_hh's rows into registers (v3's step 1); W_ih's rows of the block's units into shared memory.
+  // 1. W_hh's rows into registers (v3's step 1); W_ih's rows of the block's units into shared memory (in flight
+  //    while the registers fill).
+  load_wslice<T>(wis, Wi, j0, Hb, H, I, Ip);
   float w[3][KPT];
   load_w<T, KPT, S>(w, static_cast<const T*>(a.w_hh), j, s, H);
-  for (int p = tid; p < Hb * 3 * Ip; p += kThreads) {
-    const int k = p % Ip, ug = p / Ip, jj = j0 + ug / 3;
-    wis[p] = (jj < H && k < I) ? Wi[(int64_t(ug % 3) * H + jj) * I + k] : from_f<T>(0.f);
-  }
   // 2. Biases, the block's own h, the pad columns of both tiles.
   init_state<T, Hb>(bias, hown, static_cast<const T*>(a.b_ih), static_cast<const T*>(a.b_hh), h0, j0, b0, nb, Bb, H,
                     tid);
   zero_pad<T>(hs, BC, Kp, H, tid);
-  zero_pad<T>(xs, Bb, Ip, I, tid);
+  zero_pad<T>(xs, XC, Ip, I, tid);
 
-  // 3'. Step 0's projection before the loop, and x_1 in flight.
-  load_rows<T>(xs, Ip, X + int64_t(b0) * I, nb, I);
-  cp_async_wait_all();
-  __syncthreads();
-  proj_rows<T, S>(wis, xs, gis, nb, Ip, s, u);
-  __syncthreads();  // xs read by every thread before x_1 overwrites it
-  if (a.T > 1) load_rows<T>(xs, Ip, X + (int64_t(B) + b0) * I, nb, I);
+  // 3'. Step tt's projection, x rows in chunks of XC; the first chunk of a step after the first was prefetched
+  //     during the step before (below). Ends at a barrier: xs free, the sums in gis[tt & 1] visible to all.
+  auto project = [&](int tt) {
+    float* gib = gis + (tt & 1) * Bb * 3 * Hb;
+    for (int c0 = 0; c0 < nb; c0 += XC) {
+      const int nr = min(XC, nb - c0);
+      if (tt == 0 || c0 > 0) load_rows<T>(xs, Ip, X + (int64_t(tt) * B + b0 + c0) * I, nr, I);
+      cp_async_wait_all();
+      __syncthreads();
+      proj_rows<T, S>(wis, xs, gib + c0 * 3 * Hb, nr, Ip, s, u);
+      __syncthreads();
+    }
+  };
+  project(0);
 
   for (int t = 0; t < a.T; ++t) {
     const float* gib = gis + (t & 1) * Bb * 3 * Hb;
@@ -112,7 +119,16 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v7_kernel(const V7Args a) {
     for (int c0 = 0; c0 < nb; c0 += BC) {  // 4./5. v3's (rb 2) or v4's (rb 4) step
       const int nr = min(BC, nb - c0);
       load_rows<T>(hs, Kp, hsrc ? hsrc + int64_t(b0 + c0) * H : nullptr, nr, H);
-      cp_async_wait_all();
+      cp_async_commit();
+      if (c0 == 0 && t + 1 < a.T) {
+        // x_{t+1}'s first rows, behind this chunk's h: waiting for the h group leaves them in flight (x comes
+        // from DRAM, h from L2; waiting for both put a DRAM round trip on every step)
+        load_rows<T>(xs, Ip, X + (int64_t(t + 1) * B + b0) * I, min(XC, nb), I);
+        cp_async_commit();
+        cp_async_wait_group<1>();
+      } else {
+        cp_async_wait_group<0>();
+      }
       __syncthreads();
       dot_rows<T, KPT, S, RB>(w, hs, ghs, nr, s, u);
       __syncthreads();
@@ -121,19 +137,16 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v7_kernel(const V7Args a) {
     }
     if (t + 1 < a.T) {
       if (a.counters) slice_arrive(a.counters + blockIdx.x / a.Ph);  // h_t stored: count it
-      // 3'. The next step's projection while the slice's other blocks finish step t (nothing here reads h).
-      cp_async_wait_all();
-      __syncthreads();  // x_{t+1} landed and visible to all
-      proj_rows<T, S>(wis, xs, gis + ((t + 1) & 1) * Bb * 3 * Hb, nb, Ip, s, u);
-      __syncthreads();  // xs read; the gates of step t+1 read these sums after the next barrier
-      if (t + 2 < a.T) load_rows<T>(xs, Ip, X + (int64_t(t + 2) * B + b0) * I, nb, I);
+      // 3'. The next step's projection while the slice's other blocks finish step t (nothing here reads h; the
+      //     sums go to the other half of gis, the gates of step t+1 read them after the next barrier).
+      project(t + 1);
     }
   }
 }
 
 // ---- the v7 plan: v3's split, plus the W_ih slice and the x tile in shared memory ----------------------------------
 struct Plan7 {
-  int kpt = 0, s = 0, hb = 0, ph = 0, pb = 0, bb = 0, bc = 0, smem = 0, blocks = 0, max_coresident = 0, ip = 0;
+  int kpt = 0, s = 0, hb = 0, ph = 0, pb = 0, bb = 0, bc = 0, smem = 0, blocks = 0, max_coresident = 0, ip = 0, xc = 0;
   int status = 0;  // as v3's Plan: 0 ok; 1 hidden too large; 2 does not fit shared memory; 3 not co-resident;
                    // 4 no cooperative launch; 5 a CUDA error while asking
 };
@@ -172,15 +185,20 @@ inline Plan7 make_plan7(int B, int H, int I) {
   p.bb = (B + p.pb - 1) / p.pb;
   p.pb = (B + p.bb - 1) / p.bb;
   p.blocks = p.ph * p.pb;
-  const int64_t extra = (int64_t(p.hb) * 3 + p.bb) * p.ip * elem_size(kDtype);  // W_ih slice + x tile
-  if (extra >= optin) {
-    p.status = 2;
-    return p;
-  }
-  p.bc = chunk_rows(p.bb, us, elem_size(kDtype), optin, &p.smem, int(extra));
-  if (p.bc < 1) {
-    p.status = 2;
-    return p;
+  // The W_ih slice, then an x tile of up to 32 rows (all of a block's rows up to batch 128 at hidden 512), halved
+  // until at least one h row fits beside them.
+  const int es = elem_size(kDtype);
+  const int64_t wbytes = int64_t(p.hb) * 3 * p.ip * es;
+  for (p.xc = p.bb < 32 ? p.bb : 32;; p.xc = (p.xc + 1) / 2) {
+    const int64_t extra = wbytes + int64_t(p.xc) * p.ip * es;
+    if (extra < optin) {
+      p.bc = chunk_rows(p.bb, us, es, optin, &p.smem, int(extra));
+      if (p.bc >= 1) break;
+    }
+    if (p.xc == 1) {
+      p.status = 2;
+      return p;
+    }
   }
   p.status = coresident_blocks(v7_kernel_for<VT, kRB>(p.kpt, p.s), p.smem, &p.max_coresident);
   if (p.status == 0 && p.blocks > p.max_coresident) p.status = 3;
@@ -193,11 +211,11 @@ inline Plan7 make_plan7(int B, int H, int I) {
 // Launchers (called from cpp_src/gru/gru.cpp), one pair per variant: "gru_v7_plan@f32,2" ... "gru_v7@bf16,4"; the
 // binding takes rb 4 where a block has kV6Rb4Rows rows or more, as for v6.
 // =================================================================================================================
-// info: kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident, ip. Returns the plan's status (0 = it fits).
+// info: kpt, s, hb, ph, pb, bb, bc, smem, blocks, max_coresident, ip, xc. Returns the plan's status (0 = it fits).
 int gru_v7_plan(int B, int H, int I, int* info) {
   const gru::Plan7 p = gru::make_plan7(B, H, I);
-  const int v[11] = {p.kpt, p.s, p.hb, p.ph, p.pb, p.bb, p.bc, p.smem, p.blocks, p.max_coresident, p.ip};
-  for (int i = 0; i < 11; ++i) info[i] = v[i];
+  const int v[12] = {p.kpt, p.s, p.hb, p.ph, p.pb, p.bb, p.bc, p.smem, p.blocks, p.max_coresident, p.ip, p.xc};
+  for (int i = 0; i < 12; ++i) info[i] = v[i];
   return p.status;
 }
 
@@ -210,7 +228,7 @@ cudaError_t gru_v7(const void* x, const void* w_ih, const void* w_hh, const void
   const Plan7 p = make_plan7(B, H, I);
   if (p.status == 3) return cudaErrorCooperativeLaunchTooLarge;
   if (p.status) return cudaErrorInvalidConfiguration;
-  V7Args a{x, w_ih, w_hh, b_ih, b_hh, h0, out, h_n, T, B, H, I, p.ph, p.bb, p.bc, p.ip, counters};
+  V7Args a{x, w_ih, w_hh, b_ih, b_hh, h0, out, h_n, T, B, H, I, p.ph, p.bb, p.bc, p.xc, p.ip, counters};
   void* args[] = {&a};
   return launch_cooperative(v7_kernel_for<VT, kRB>(p.kpt, p.s), p.blocks, p.smem, stream, args);
 }
