@@ -52,8 +52,8 @@
 //       a projection role (h_{l-1,t} W_ih^T in the launch) run at once on their own blocks, each waiting only for
 //       what it reads; the plan picks the wavefront or layer by layer (v6.cu's header).
 //   v7: v3/v4 (rows in pairs or fours, by rows a block) with the input projection in the launch: no GEMM before it;
-//       each block computes x_{t+1} W_ih^T for its own rows and units (W_ih's slice in shared memory) between
-//       counting step t done and waiting for the rest of its slice, so the projection fills the wait (v7.cu's header).
+//       each block computes x_{t+1} W_ih^T for its own rows and units (W_ih's slice in shared memory) during step t,
+//       while its h_{t-1} rows are in flight from L2 (v7.cu's header).
 //
 // v3/v4 work split (H = 512, fp32, 132 SMs, 256 threads a block, one block per SM):
 //   - a block owns Hb = 256/S hidden units and Bb batch rows; a unit's 3 rows of W_hh (r, z, n) are spread over S

@@ -7,9 +7,9 @@
 // notebook 03's profile table). Meanwhile the persistent kernel is latency-bound: after a block stores h_t it waits
 // for the other blocks of its slice, its SM half idle (ncu: SM ~50% busy, stalls on the spin and the barriers).
 //
-// v7 adds one idea: each block computes x_{t+1} W_ihᵀ for its own batch rows and hidden units itself, in the gap
-// between counting step t done and waiting for step t's h — the projection of the next step does not depend on h,
-// so it fills the wait instead of preceding the launch. W_ih's slice for the block's Hb units (3·Hb rows of I) sits
+// v7 adds one idea: each block computes x_{t+1} W_ihᵀ for its own batch rows and hidden units itself, during step t
+// while its h_{t-1} rows are in flight from L2 — the projection of the next step does not depend on h, so it fills
+// that latency instead of preceding the launch. W_ih's slice for the block's Hb units (3·Hb rows of I) sits
 // in shared memory (W_hh's already fills the registers: 96 per lane at hidden 512); x_{t+1}'s first rows are
 // prefetched with cp.async during step t, in a copy group of their own so the step waits only for its h. The
 // recurrence itself is v3's (rb 2) or v4's (rb 4) step, unchanged.
@@ -93,19 +93,25 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v7_kernel(const V7Args a) {
   zero_pad<T>(xs, XC, Ip, I, tid);
 
   // 3'. Step tt's projection, x rows in chunks of XC; the first chunk of a step after the first was prefetched
-  //     during the step before (below). Ends at a barrier: xs free, the sums in gis[tt & 1] visible to all.
+  //     into xs (and waited for) by the caller. Ends at a barrier: xs free, the sums in gis[tt & 1] visible to all.
   auto project = [&](int tt) {
     float* gib = gis + (tt & 1) * Bb * 3 * Hb;
     for (int c0 = 0; c0 < nb; c0 += XC) {
       const int nr = min(XC, nb - c0);
-      if (tt == 0 || c0 > 0) load_rows<T>(xs, Ip, X + (int64_t(tt) * B + b0 + c0) * I, nr, I);
-      cp_async_wait_all();
-      __syncthreads();
+      if (tt == 0 || c0 > 0) {
+        load_rows<T>(xs, Ip, X + (int64_t(tt) * B + b0 + c0) * I, nr, I);
+        cp_async_wait_all();
+        __syncthreads();
+      }
       proj_rows<T, S>(wis, xs, gib + c0 * 3 * Hb, nr, Ip, s, u);
       __syncthreads();
     }
   };
   project(0);
+  if (a.T > 1) {  // x_1's first rows
+    load_rows<T>(xs, Ip, X + (int64_t(B) + b0) * I, min(XC, nb), I);
+    cp_async_commit();
+  }
 
   for (int t = 0; t < a.T; ++t) {
     const float* gib = gis + (t & 1) * Bb * 3 * Hb;
@@ -121,11 +127,18 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v7_kernel(const V7Args a) {
       load_rows<T>(hs, Kp, hsrc ? hsrc + int64_t(b0 + c0) * H : nullptr, nr, H);
       cp_async_commit();
       if (c0 == 0 && t + 1 < a.T) {
-        // x_{t+1}'s first rows, behind this chunk's h: waiting for the h group leaves them in flight (x comes
-        // from DRAM, h from L2; waiting for both put a DRAM round trip on every step)
-        load_rows<T>(xs, Ip, X + (int64_t(t + 1) * B + b0) * I, min(XC, nb), I);
-        cp_async_commit();
+        // 3'. While h_{t-1} comes from L2: the next step's projection (x_{t+1}, prefetched a step ago: the older
+        //     copy group, so waiting for it leaves the h copies in flight), then x_{t+2}'s prefetch behind them.
         cp_async_wait_group<1>();
+        __syncthreads();
+        project(t + 1);
+        if (t + 2 < a.T) {
+          load_rows<T>(xs, Ip, X + (int64_t(t + 2) * B + b0) * I, min(XC, nb), I);
+          cp_async_commit();
+          cp_async_wait_group<1>();  // the h copies (x_{t+2}'s may stay in flight)
+        } else {
+          cp_async_wait_group<0>();
+        }
       } else {
         cp_async_wait_group<0>();
       }
@@ -135,12 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v7_kernel(const V7Args a) {
       apply_gates<T, Hb>(gib, ghs, bias, hown, out, t, B, b0, j0, H, c0, nr, tid,
                          t + 1 == a.T ? static_cast<T*>(a.h_n) : nullptr);
     }
-    if (t + 1 < a.T) {
-      if (a.counters) slice_arrive(a.counters + blockIdx.x / a.Ph);  // h_t stored: count it
-      // 3'. The next step's projection while the slice's other blocks finish step t (nothing here reads h; the
-      //     sums go to the other half of gis, the gates of step t+1 read them after the next barrier).
-      project(t + 1);
-    }
+    if (a.counters && t + 1 < a.T) slice_arrive(a.counters + blockIdx.x / a.Ph);  // h_t stored: count it
   }
 }
 
