@@ -25,7 +25,7 @@ def test_every_version_matches_nn_gru(device, dtype):
     # CPU (CI, 2 cores): two seeds; the float64 nn.GRU reference dominates the time
     rs = verify.check_op(OP, device, dtypes=[dtype], seeds=(0, 1) if device == "cpu" else (0, 1, 2))
     assert rs, "no version ran"
-    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3", "v4", "v5", "v6", "v7"})
+    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3", "v4", "v5", "v6"})
     bad = [r.details() for r in rs if not r.passed]
     assert not bad, "\n".join(bad)
 
@@ -44,7 +44,7 @@ def test_float64_matches_nn_gru_to_rounding(device, shape):
 def test_no_h0_is_zeros(device):
     x, _, params = _inputs(4, 3, 5, 7, L=2, device=device)
     zeros = torch.zeros(2, 3, 7, device=device)
-    for v in (["cpu"] if device == "cpu" else ["v1", "v2", "v3", "v4", "v5", "v6", "v7"]):
+    for v in (["cpu"] if device == "cpu" else ["v1", "v2", "v3", "v4", "v5", "v6"]):
         a, b = kgru.gru(x, None, params, version=v), kgru.gru(x, zeros, params, version=v)
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         assert torch.equal(a[1][-1], a[0][-1]), "h_n of the last layer must be the last output step"
@@ -56,7 +56,7 @@ def test_encoder_shape_all_versions_within_fp32(B):
     # the seq2seq encoder: seq 30, input 256, hidden 512 (v3/v4: 32 hidden slices x up to 4 batch slices)
     x, h0, params = _inputs(30, B, 256, 512, h0=False, device="cuda", seed=B)
     ref = kgru.gru_ref(*verify.upcast((x, h0, params)))
-    for v in ("v1", "v2", "v3", "v4", "v7"):
+    for v in ("v1", "v2", "v3", "v4"):
         verify.assert_close(kgru.gru(x, h0, params, version=v), ref, torch.float32, what=v)
 
 
@@ -73,7 +73,7 @@ def test_v3_plan_splits_hidden_512_over_the_chip():
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", ["v3", "v4", "v5", "v6", "v7"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5", "v6"])
 @pytest.mark.parametrize("dtype", kgru.V3_DTYPES, ids=str)
 def test_persistent_kernels_are_deterministic(dtype, version):
     # a missing barrier shows up as run-to-run differences on the same inputs
@@ -85,7 +85,7 @@ def test_persistent_kernels_are_deterministic(dtype, version):
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4", "v5", "v6", "v7"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4", "v5", "v6"])
 def test_cuda_graph_replay_matches_eager(version):
     x, h0, params = _inputs(6, 16, 32, 64, L=2, device="cuda", seed=2)
     out = (torch.empty(6, 16, 64, device="cuda"), torch.empty(2, 16, 64, device="cuda"))
@@ -286,7 +286,7 @@ def test_cuda_bad_input():
     with pytest.raises(ValueError, match=r"params\[1\] \(w_hh of layer 0\) must be on the same device as x "
                                          r"\(cuda:0\), got cpu"):
         kgru.gru(x, h0, [params[0], params[1].cpu(), params[2], params[3]], version="v2")
-    for v in ("v3", "v4", "v5", "v7"):
+    for v in ("v3", "v4", "v5"):
         with pytest.raises(TypeError, match=rf"gru {v} supports Float, Half and BFloat16, got Double"):
             kgru.gru(x.double(), h0.double(), [p.double() for p in params], version=v)
     xb, _, pb = _inputs(2, 2, 3, 2048, device="cuda")
@@ -323,7 +323,7 @@ def test_default_version_keeps_the_precision_and_follows_the_batch():
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", ["v3", "v4", "v5", "v6", "v7"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5", "v6"])
 def test_slice_counters_and_grid_barrier_give_the_same_bits(version):
     # the two ways the persistent versions meet between steps change only who waits for whom, not one operation: any
     # missing wait shows up as a bit difference (h read before it was written)
@@ -332,48 +332,6 @@ def test_slice_counters_and_grid_barrier_give_the_same_bits(version):
         a = kgru.gru(x, h0, params, version=version)
         b = kgru.gru(x, h0, params, version=version, grid_sync=True)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (dt, B)
-
-
-# ---- v7: the input projection inside the launch -------------------------------------------------------------------
-@needs_gpu
-@pytest.mark.parametrize("dtype", kgru.V3_DTYPES, ids=str)
-@pytest.mark.parametrize("shape", V5_SHAPES + [(3, 5, 300, 96, 2, True), (2, 9, 7, 512, 1, False)],
-                         ids=lambda s: "T{}B{}I{}H{}L{}{}".format(*s[:5], "h0" if s[5] else ""))
-def test_v7_matches_float64_nn_gru_on_the_odd_shapes(dtype, shape):
-    # issue 14's shapes (hidden 1 .. 1024, batch 1 .. 256, layers 1-3, seq 1, with and without h0), input sizes 1, 7
-    # (not a multiple of a 16-byte copy: element loads), 300 (a wide W_ih slice); both exchanges
-    T, B, I, H, L, has_h0 = shape
-    x, h0, params = _inputs(T, B, I, H, L=L, h0=has_h0, dtype=dtype, device="cuda", seed=T * B + H + I)
-    ref = kgru.gru_ref(*verify.upcast((x, h0, params)))
-    assert kgru.v7_plan(B, H, I, dtype)["status"] == 0
-    for grid_sync in (False, True):
-        out = (torch.full((T, B, H), float("nan"), dtype=dtype, device="cuda"),
-               torch.full((L, B, H), float("nan"), dtype=dtype, device="cuda"))
-        got = kgru.gru(x, h0, params, out=out, version="v7", grid_sync=grid_sync)
-        verify.assert_close(got, ref, dtype, what=f"v7 grid_sync={grid_sync}")
-
-
-@needs_gpu
-def test_v7_is_v3_or_v4_up_to_the_projections_summation_order():
-    # the same recurrence (rowstep.cuh) on the same split; only x W_ih^T is summed in another order than cuBLAS's
-    for B in (1, 64):
-        x, h0, params = _inputs(30, B, 256, 512, device="cuda", seed=B)
-        p = kgru.v7_plan(B, 512, 256)
-        assert p["status"] == 0 and p["input_padded"] == 256 and p["rows_per_pass"] == (2 if B == 1 else 4)
-        want = kgru.gru(x, h0, params, version="v3" if p["rows_per_pass"] == 2 else "v4")
-        verify.assert_close(kgru.gru(x, h0, params, version="v7"), want, torch.float32, what=f"v7 vs v3/v4, batch {B}")
-
-
-@needs_gpu
-def test_v7_plan_and_error_when_w_ih_does_not_fit():
-    # W_ih's slice lives in shared memory: 16 units x 3 rows of 8192 floats is 1.5 MB, far past a block's 227 KB
-    assert kgru.v7_plan(4, 512, 8192)["status"] == 2
-    assert kgru.v7_plan(4, 2048, 16)["status"] == 1
-    x, h0, params = _inputs(2, 4, 8192, 512, device="cuda")
-    with pytest.raises(ValueError, match=r"gru v7 cannot run batch 4, hidden 512, input 8192, Float on this GPU: a "
-                                         r"block's W_ih slice \(48 rows of 8192\) and one row of x do not fit in "
-                                         r"shared memory.*use v4 or v2"):
-        kgru.gru(x, h0, params, version="v7")
 
 
 # ---- v6: the stack as a wavefront -------------------------------------------------------------------------------
@@ -386,7 +344,7 @@ def test_stack_every_version_matches_nn_gru(device):
     # by layer (hidden 1024), with batch slices and shared-memory chunks: every version against float64 nn.GRU
     dts = [torch.float32] if device == "cpu" else list(STACK.dtypes)
     rs = verify.check_op(STACK, device, dtypes=dts, seeds=(0,) if device == "cpu" else (0, 1))
-    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3", "v4", "v5", "v6", "v7"})
+    assert {r.version for r in rs} == ({"cpu"} if device == "cpu" else {"v1", "v2", "v3", "v4", "v5", "v6"})
     bad = [r.details() for r in rs if not r.passed]
     assert not bad, "\n".join(bad)
 

@@ -3,9 +3,9 @@
 // (lab::launcher, lab_common.h). No kernel code here: editing a kernel never recompiles this file.
 //
 //   gru_forward(x, h0, params, out, h_n, version, config)  nn.GRU's forward: (seq_len, batch, input) -> out, h_n.
-//       version 0: C++ on the CPU (cpp_src/gru/cpu.cpp); 1..7: cuda_src/gru/'s v1..v7 (see gru.cuh's header).
+//       version 0: C++ on the CPU (cpp_src/gru/cpu.cpp); 1..6: cuda_src/gru/'s v1..v6 (see gru.cuh's header).
 //       config: v5's warp grid (-1: the plan's choice; 0..7 force one), v6's most layers per launch (-1: the
-//       plan's choice; 1..4); the other versions ignore it. grid_sync: v3..v7 meet at one grid-wide barrier a step
+//       plan's choice; 1..4); the other versions ignore it. grid_sync: v3..v6 meet at one grid-wide barrier a step
 //       (cooperative_groups; v6: a wave) instead of per-batch-slice step counters (v1/v2 ignore it).
 //   gru_gates(gi, gh, b_ih, b_hh, h_prev, h_out)   one GRU cell's pointwise half (gates + update), rows may be
 //       strided: the seq2seq decoder writes h straight into its [emb | h] buffer.
@@ -17,7 +17,6 @@
 //   v3_plan(batch, hidden, dtype_code, version)      how v3/v4 split the work on this GPU (for the notebook).
 //   v5_plan(batch, hidden, dtype_code, config)       how v5 splits it: its configuration, slices, shared memory.
 //   v6_plan(batch, hidden, layers, seq_len, dtype_code, config)  how v6 splits a stack: layers per launch, slices.
-//   v7_plan(batch, hidden, input, dtype_code)        how v7 splits a layer (v3's split + W_ih and x in shared memory).
 //
 // Every function writes into tensors the caller allocated (the lab poisons them with NaN before a check). CUDA
 // versions run on the current stream; GEMMs go to cuBLAS through ATen: for fp16/bf16 with an fp32 output
@@ -27,8 +26,7 @@
 // "gru_greedy" (greedy.cu), and per variant of v3.cu
 // "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" (dtype f32/f16/bf16; rb 2 = v3, rb 4 = v4), per variant of
 // v5.cu "gru_v5_plan@<dtype>" / "gru_v5@<dtype>" (f32 multiplies in TF32), per variant of v6.cu
-// "gru_v6_plan@<dtype>,<rb>" / "gru_v6@<dtype>,<rb>", per variant of v7.cu "gru_v7_plan@<dtype>,<rb>" /
-// "gru_v7@<dtype>,<rb>"; the CPU unit's
+// "gru_v6_plan@<dtype>,<rb>" / "gru_v6@<dtype>,<rb>"; the CPU unit's
 // "gru_layer_cpu_<dtype>", "gru_gates_cpu_<dtype>", "decoder_tokens_cpu_<dtype>", "decoder_gather_cpu_<dtype>",
 // "greedy_decode_cpu_<dtype>" (f32, f64: float16/bfloat16 tensors are widened to float here, and the float result
 // rounded back).
@@ -55,10 +53,6 @@ using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_
                                void* out, void* h_n, int T, int B, int H, int* counters, cudaStream_t stream);
 using V5PlanCuda = int (*)(int B, int H, int config, int* info);
 using V6PlanCuda = int (*)(int B, int H, int L, int T, int config, int* info);
-using V7PlanCuda = int (*)(int B, int H, int I, int* info);
-using V7Cuda = cudaError_t (*)(const void* x, const void* w_ih, const void* w_hh, const void* b_ih, const void* b_hh,
-                               const void* h0, void* out, void* h_n, int T, int B, int H, int I, int* counters,
-                               cudaStream_t stream);
 using V6Cuda = cudaError_t (*)(int L, const void* const* w_ih, const void* const* w_hh, const void* const* b_ih,
                                const void* const* b_hh, const void* const* h0, void* const* out,
                                void* const* h_n, float* const* gi, int T, int B, int H, int config, int* counters,
@@ -94,7 +88,7 @@ using GatherCpu = void (*)(const int64_t* tok, const T* emb, int64_t E, const T*
                            T* xh, int64_t ldxh, T* gi, int64_t B);
 
 
-constexpr int kMaxVersion = 7;
+constexpr int kMaxVersion = 6;
 
 int dtype_code(at::ScalarType t) {
   switch (t) {
@@ -255,30 +249,6 @@ std::string v6_plan_error(int status, const int* info, int64_t B, int64_t H, int
   return o + "; use v2";
 }
 
-// v7 (cuda_src/gru/v7.cu) is built like v3.cu; as v6, it takes rb 4 from kV6Rb4Rows rows a block (the split is v3's,
-// so both variants' plans give the same rows a block; the rb 4 kernel's own occupancy is asked again).
-int v7_plan_call(int dtype, int B, int H, int I, int* info, int* rb) {
-  const int status = lab::launcher<V7PlanCuda>(v6_variant("gru_v7_plan", dtype, 2))(B, H, I, info);
-  *rb = info[5] >= kV6Rb4Rows ? 4 : 2;
-  if (status != 0 || *rb == 2) return status;
-  return lab::launcher<V7PlanCuda>(v6_variant("gru_v7_plan", dtype, 4))(B, H, I, info);
-}
-
-std::string v7_plan_error(int status, const int* info, int64_t B, int64_t H, int64_t I, at::ScalarType dt) {
-  std::string o = lab::cat("gru v7 cannot run batch ", B, ", hidden ", H, ", input ", I, ", ", dt, " on this GPU: ");
-  switch (status) {
-    case 1: o += "it keeps W_hh in registers as v3 does, so hidden <= 1024"; break;
-    case 2: o += lab::cat("a block's W_ih slice (", 3 * info[2], " rows of ", info[10], ") and one row of x do not fit "
-                          "in shared memory beside its h buffers; v3/v4 take the input projection as a GEMM before "
-                          "the launch"); break;
-    case 3: o += lab::cat("its blocks wait for each other, so all ", info[8], " must be co-resident, the GPU holds ",
-                          info[9], " at once"); break;
-    case 4: o += "the device does not support cooperative launches"; break;
-    default: o += lab::cat("a CUDA error while planning the launch (", cudaGetErrorString(cudaGetLastError()), ")"); break;
-  }
-  return o + (H > 1024 ? "; use v2" : "; use v4 or v2");
-}
-
 // v6: the stack in launches of the plan's layers each, every launch a wavefront of its layers (v6.cu's header).
 void forward_v6(const at::Tensor& x, const at::Tensor& h0, const std::vector<at::Tensor>& params, at::Tensor& out,
                 at::Tensor& h_n, int64_t config, bool grid_sync) {
@@ -344,18 +314,6 @@ bool layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
                      "gru v1 gate kernel");
     }
     return false;
-  }
-  if (version == 7) {  // cuda_src/gru/v7.cu: the input projection inside the launch (the plan was checked)
-    int info[12], rb = 2;
-    v7_plan_call(dt, b, h, lab::check_int32(I, "input_size"), info, &rb);
-    const V7Cuda gru_v7 = lab::launcher<V7Cuda>(v6_variant("gru_v7", dt, rb));
-    const at::Tensor counters = grid_sync ? at::Tensor() : at::zeros({B}, in.options().dtype(at::kInt));
-    LAB_CUDA_CHECK(gru_v7(in.data_ptr(), w_ih.data_ptr(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
-                          h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), hnl.data_ptr(),
-                          lab::check_int32(Tn, "seq_len"), b, h, int(I), grid_sync ? nullptr : counters.data_ptr<int>(),
-                          st),
-                   "gru v7 persistent kernel with the input projection (cooperative launch)");
-    return true;
   }
   const at::Tensor gi = proj(in.view({Tn * B, I}), w_ih);  // (T*B, 3H): every step's input projection, one GEMM
   if (version == 2) {
@@ -454,12 +412,6 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
         const int status = v5_plan_call(dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
                                         lab::check_int32(H, "hidden"), int(config), info);
         LAB_CHECK_VALUE(status == 0, v5_plan_error(status, info, B, H, x.scalar_type(), config));
-      } else if (version == 7) {
-        int info[12], rb = 2;
-        const int64_t I = in.size(2);
-        const int status = v7_plan_call(dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
-                                        lab::check_int32(H, "hidden"), lab::check_int32(I, "input_size"), info, &rb);
-        LAB_CHECK_VALUE(status == 0, v7_plan_error(status, info, B, H, I, x.scalar_type()));
       } else if (version >= 3) {
         int info[10];
         const int status = v3_plan_call(version, dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
@@ -892,32 +844,8 @@ py::dict v6_plan(int64_t batch, int64_t hidden, int64_t layers, int64_t seq_len,
   return d;
 }
 
-// v7's plan for one layer of input size `input` (v7.cu's gru_v7_plan; the binding picks the rows-per-pass variant as
-// the forward does).
-py::dict v7_plan(int64_t batch, int64_t hidden, int64_t input, int64_t dtype_code_) {
-  LAB_CHECK_VALUE(dtype_code_ >= 0 && dtype_code_ <= 2, "dtype_code must be 0 (float32), 1 (float16) or 2 "
-                    "(bfloat16), got ", dtype_code_);
-  LAB_CHECK_VALUE(batch >= 1 && hidden >= 1 && input >= 1, "batch, hidden and input must be >= 1, got ", batch, ", ",
-                  hidden, ", ", input);
-  py::dict d;
-#ifdef LAB_WITH_CUDA
-  static const char* kInfoNames[12] = {"kpt", "lanes_per_unit", "units_per_block", "hidden_slices", "batch_slices",
-                                       "rows_per_block", "rows_per_chunk", "smem_bytes", "blocks", "max_coresident",
-                                       "input_padded", "x_rows_per_chunk"};
-  int info[12], rb = 2;
-  const int status = v7_plan_call(int(dtype_code_), lab::check_int32(batch, "batch"),
-                                  lab::check_int32(hidden, "hidden"), lab::check_int32(input, "input"), info, &rb);
-  d["status"] = status;  // as v3_plan's; 2 also when W_ih's slice and the x tile do not fit
-  d["rows_per_pass"] = rb;
-  for (int i = 0; i < 12; ++i) d[kInfoNames[i]] = info[i];
-#else
-  LAB_NO_CUDA_BUILD("v7_plan");
-#endif
-  return d;
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "GRU family: nn.GRU forward (version 0 = C++ CPU, 1..7 = CUDA), the decoder step's pieces";
+  m.doc() = "GRU family: nn.GRU forward (version 0 = C++ CPU, 1..6 = CUDA), the decoder step's pieces";
   m.def("gru_forward", lab::bind(gru_forward),
         "gru_forward(x, h0|None, params, out, h_n, version, config, grid_sync) -> (out, h_n)");
   m.def("gru_gates", lab::bind(gru_gates_op),
@@ -940,9 +868,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "v6_plan(batch, hidden, layers, seq_len, dtype_code, config) -> {status, rows_per_pass, kpt, lanes_per_unit, "
         "units_per_block, hidden_slices, batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, "
         "max_coresident, layers_per_launch}");
-  m.def("v7_plan", lab::bind(v7_plan),
-        "v7_plan(batch, hidden, input, dtype_code) -> {status, rows_per_pass, kpt, lanes_per_unit, units_per_block, "
-        "hidden_slices, batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, max_coresident, "
-        "input_padded, x_rows_per_chunk}");
   LAB_BIND_UNITS(m);
 }

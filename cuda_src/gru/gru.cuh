@@ -20,13 +20,11 @@
 //               (// lab:variants dtype=f32,f16,bf16; f32 multiplies in TF32): "gru_v5_plan@bf16", "gru_v5@f32", ...
 //   v6.cu       the wavefront kernel of v6 (a stack's layers in one launch), its plan and launcher; built like v3.cu:
 //               "gru_v6_plan@f32,2", "gru_v6@bf16,4", ...
-//   v7.cu       v3/v4's kernel with the input projection in the launch, its plan and launcher; built like v3.cu:
-//               "gru_v7_plan@f32,2", "gru_v7@bf16,4", ...
-//   rowstep.cuh the step v3.cu, v6.cu and v7.cu share (weights into registers, h rows into shared memory, the dot products,
+//   rowstep.cuh the step v3.cu and v6.cu share (weights into registers, h rows into shared memory, the dot products,
 //               the gates) and the split their plans share
 //   persistent.cuh  what the persistent units share: the variant's storage type, coherent loads, the step counters
 //                   (and cooperative.cuh)
-//   cooperative.cuh the host side of a cooperative launch (v3.cu, v5.cu, v6.cu, v7.cu, greedy.cu)
+//   cooperative.cuh the host side of a cooperative launch (v3.cu, v5.cu, v6.cu, greedy.cu)
 //   decoder.cu  decoder_prep_kernel, the decoder step's token pick and gathers ("gru_decoder_prep")
 //   greedy.cu   greedy_kernel: every step of the seq2seq decoder's greedy loop in one cooperative launch, the
 //               decoder's weights in shared memory ("gru_greedy_plan", "gru_greedy"; its header has the design)
@@ -51,9 +49,6 @@
 //   v6: v3's step, the layers of a stack as a wavefront in one launch: each layer's recurrence and, between layers,
 //       a projection role (h_{l-1,t} W_ih^T in the launch) run at once on their own blocks, each waiting only for
 //       what it reads; the plan picks the wavefront or layer by layer (v6.cu's header).
-//   v7: v3/v4 (rows in pairs or fours, by rows a block) with the input projection in the launch: no GEMM before it;
-//       each block computes x_{t+1} W_ih^T for its own rows and units (W_ih's slice in shared memory) during step t,
-//       while its h_{t-1} rows are in flight from L2 (v7.cu's header).
 //
 // v3/v4 work split (H = 512, fp32, 132 SMs, 256 threads a block, one block per SM):
 //   - a block owns Hb = 256/S hidden units and Bb batch rows; a unit's 3 rows of W_hh (r, z, n) are spread over S

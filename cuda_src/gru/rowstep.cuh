@@ -8,7 +8,6 @@
 //   load_rows   nr rows of h (global, written during this launch by other SMs: L2-only copies) into the h tile
 //   dot_rows    the tile's rows times the three rows: one fp32 sum per (row, gate, unit) into ghs
 //   apply_gates the gates and the state update of the chunk's rows, h_t stored in fp32 (own) and as T (out)
-//   proj_rows   (v7) rows of x times the block's W_ih slice held in shared memory: the step's x_t W_ih^T
 // All are force-inlined into the kernels: the code the compiler sees is that of one kernel body.
 #pragma once
 
@@ -40,13 +39,6 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {  // 4 
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-// Groups (v7): commit the copies issued so far as one group; wait until at most N of the latest groups are pending
-// (older groups complete first), so a prefetch committed after a step's h loads need not hold that step up.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 template <class T>
 __device__ void load_rows(T* hs, int Kp, const T* src, int nr, int H) {
@@ -65,32 +57,6 @@ __device__ void load_rows(T* hs, int Kp, const T* src, int nr, int H) {
     for (int p = threadIdx.x; p < nr * H; p += kThreads) {
       const int r = p / H, k = p % H;
       hs[r * Kp + k] = ldcg(src + int64_t(r) * H + k);
-    }
-  }
-}
-
-// v7: the block's slice of W_ih (3H, I) into shared memory, wis [Hb][3][Ip]: row u*3 + g is W_ih's row g*H + j0 + u
-// (zeros for units past H), columns past I zero. 16-byte cp.async copies, all in flight at once, when rows are
-// 16-byte aligned; element loads (unrolled, so several are in flight) otherwise. Read-only input: L1 may keep it.
-template <class T>
-__device__ void load_wslice(T* wis, const T* W, int j0, int Hb, int H, int I, int Ip) {
-  constexpr int E = 16 / sizeof(T);
-  const int rows = Hb * 3;
-  for (int p = threadIdx.x; p < rows * (Ip - I); p += kThreads) wis[(p / (Ip - I)) * Ip + I + p % (Ip - I)] = from_f<T>(0.f);
-  if (I % E == 0 && (reinterpret_cast<uintptr_t>(W) & 15) == 0) {
-    const int cpr = I / E;
-    for (int p = threadIdx.x; p < rows * cpr; p += kThreads) {
-      const int r = p / cpr, c = p % cpr, jj = j0 + r / 3;
-      if (jj < H)
-        cp_async16_cg(wis + r * Ip + c * E, W + (int64_t(r % 3) * H + jj) * I + c * E);
-      else
-        *reinterpret_cast<float4*>(wis + r * Ip + c * E) = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  } else {
-#pragma unroll 8
-    for (int p = threadIdx.x; p < rows * I; p += kThreads) {
-      const int r = p / I, k = p % I, jj = j0 + r / 3;
-      wis[r * Ip + k] = jj < H ? W[(int64_t(r % 3) * H + jj) * I + k] : from_f<T>(0.f);
     }
   }
 }
@@ -154,23 +120,6 @@ __device__ __forceinline__ void zero_pad(T* tile, int rows, int Kp, int n, int t
     for (int p = tid; p < rows * (Kp - n); p += kThreads) tile[(p / (Kp - n)) * Kp + n + p % (Kp - n)] = from_f<T>(0.f);
 }
 
-// After a four-row pass and its reduce-scatter (NV = 16 values: row q, gate g at q*4 + g, g = 3 a pad): lane s
-// stores the sums it holds, ghs[(row*3 + g)*Hb + u] for the rows r.. below nr.
-template <int S, int NV>
-__device__ __forceinline__ void store_sums(const float (&acc)[NV], float* ghs, int r, int nr, int s, int u) {
-  constexpr int Hb = kThreads / S;
-  if constexpr (S <= NV) {
-#pragma unroll
-    for (int i = 0; i < NV / S; ++i) {
-      const int idx = s * (NV / S) + i, q = idx / 4, g = idx % 4;  // value idx = row q, gate g (3: pad)
-      if (g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[i];
-    }
-  } else {
-    const int idx = s / (S / NV), q = idx / 4, g = idx % 4;
-    if (s % (S / NV) == 0 && g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[0];
-  }
-}
-
 // The tile's nr rows (hs, row length Kp = KPT*S, zero past H) times the unit's three rows: ghs[(r*3 + g)*Hb + u],
 // Hb = kThreads/S. RB = 2 (v3): two rows at a time, 6 FMA chains, butterfly over the S lanes; RB = 4 (v4): four rows
 // at a time, 12 chains, reduce-scatter.
@@ -205,7 +154,16 @@ __device__ __forceinline__ void dot_rows(const float (&w)[3][KPT], const T* hs, 
           }
       }
       reduce_scatter<S / 2, NV, NV>(acc, s);
-      store_sums<S, NV>(acc, ghs, r, nr, s, u);
+      if constexpr (S <= NV) {
+#pragma unroll
+        for (int i = 0; i < NV / S; ++i) {
+          const int idx = s * (NV / S) + i, q = idx / 4, g = idx % 4;  // value idx = row q, gate g (3: pad)
+          if (g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[i];
+        }
+      } else {
+        const int idx = s / (S / NV), q = idx / 4, g = idx % 4;
+        if (s % (S / NV) == 0 && g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[0];
+      }
     }
   } else {
     // 4. h W_hh^T for (row, unit u), two rows at a time: 6 FMA chains, KPT/4 x 2 16-byte shared loads.
@@ -240,45 +198,6 @@ __device__ __forceinline__ void dot_rows(const float (&w)[3][KPT], const T* hs, 
       for (int q = 1; q < 6; ++q) v = (s == q) ? acc[q] : v;
       if (s < 3 || (s < 6 && r1 != r)) ghs[((s < 3 ? r : r1) * 3 + s % 3) * Hb + u] = v;
     }
-  }
-}
-
-// v7's input projection: nr rows of x (xs [.][Ip], zero past I) times the block's slice of W_ih held in shared
-// memory (wis [Hb][3][Ip]: unit u's three rows, zero past I and for units past H) into gib[(r*3 + g)*Hb + u] = x_r ·
-// W_ih[g*H + j0 + u], fp32 sums. As v4's dot_rows: lane s of unit u takes columns c + 4s..4s+3 of every 4S, four
-// rows a pass (12 FMA chains), reduce-scatter over the S lanes; the weights come from shared memory (3 16-byte
-// loads per 4 columns, shared by the pass's 4 rows) since W_hh's slice already fills the registers.
-template <class T, int S>
-__device__ __forceinline__ void proj_rows(const T* wis, const T* xs, float* gib, int nr, int Ip, int s, int u) {
-  constexpr int NV = 16;
-  const T* wu = wis + u * 3 * Ip + s * 4;
-  for (int r = 0; r < nr; r += 4) {
-    const T* xq[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) xq[q] = xs + min(r + q, nr - 1) * Ip + s * 4;  // past the end: repeat
-    float acc[NV];
-#pragma unroll
-    for (int i = 0; i < NV; ++i) acc[i] = 0.f;
-#pragma unroll 2
-    for (int c = 0; c < Ip; c += 4 * S) {
-      float4 x[4], wv[3];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) x[q] = ld4(xq[q] + c);
-#pragma unroll
-      for (int g = 0; g < 3; ++g) wv[g] = ld4(wu + g * Ip + c);
-#pragma unroll
-      for (int g = 0; g < 3; ++g)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          float& y = acc[q * 4 + g];
-          y = fmaf(wv[g].x, x[q].x, y);
-          y = fmaf(wv[g].y, x[q].y, y);
-          y = fmaf(wv[g].z, x[q].z, y);
-          y = fmaf(wv[g].w, x[q].w, y);
-        }
-    }
-    reduce_scatter<S / 2, NV, NV>(acc, s);
-    store_sums<S, NV>(acc, gib, r, nr, s, u);
   }
 }
 
@@ -333,11 +252,10 @@ inline bool split_units(int H, UnitSplit* u) {
 
 // Rows of h per shared-memory chunk for a block of bb batch rows (at most bb), and the block's shared memory: the h
 // tile and the reduced sums per chunk row, the double-buffered input projections, the block's h and the biases for
-// all bb rows, and `extra` bytes after them (v7: its W_ih slice and x tile). 0 when not even one row fits in the
-// opt-in limit (less the runtime's reserved 1 KB).
-inline int chunk_rows(int bb, const UnitSplit& u, int esize, int optin, int* smem, int extra = 0) {
+// all bb rows. 0 when not even one row fits in the opt-in limit (less the runtime's reserved 1 KB).
+inline int chunk_rows(int bb, const UnitSplit& u, int esize, int optin, int* smem) {
   const int kp = u.kpt * u.s;
-  const int fixed = (2 * bb * 3 * u.hb + bb * u.hb + 6 * u.hb) * 4 + extra;
+  const int fixed = (2 * bb * 3 * u.hb + bb * u.hb + 6 * u.hb) * 4;
   const int row = kp * esize + 3 * u.hb * 4;
   const int budget = optin - 1024;
   int bc = fixed < budget ? (budget - fixed) / row : 0;

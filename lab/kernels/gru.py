@@ -2,8 +2,8 @@
 the pieces of the seq2seq decoder step that runs without torch.cat (lab/models/seq2seq.py).
 
 Sources: cuda_src/gru/ (gru.cuh: the header with the napkin math; gates.cu, v3.cu (v3 and v4, built per dtype and
-rows-per-pass variant), v5.cu (v5, built per dtype), v6.cu (v6) and v7.cu (v7, built like v3.cu), rowstep.cuh (the
-step v3.cu, v6.cu and v7.cu share), persistent.cuh (what the persistent units share), decoder.cu: kernels and launchers), cpp_src/gru/gru.cpp (the binding, named checks), cpp_src/gru/cpu.cpp (the C++ CPU code).
+rows-per-pass variant), v5.cu (v5, built per dtype), v6.cu (v6, built like v3.cu), rowstep.cuh (the step v3.cu and
+v6.cu share), persistent.cuh (what the persistent units share), decoder.cu: kernels and launchers), cpp_src/gru/gru.cpp (the binding, named checks), cpp_src/gru/cpu.cpp (the C++ CPU code).
 
     out, h_n = gru(x, h0, params, version="v3")
     # x: (seq_len, batch, input_size); h0: (num_layers, batch, hidden) or None (zeros);
@@ -14,8 +14,7 @@ as one GEMM up front), 'v3' (persistent: W_hh in registers across all steps, one
 with four batch rows per pass and a reduce-scatter across the lanes: fewer shuffles and more independent FMAs a
 step), 'v5' (v3's loop with h W_hh^T on tensor cores: mma.sync in fp16/bf16, and in TF32 on float32 tensors: that
 is the `tf32` precision, compared with cuDNN with TF32), 'v6' (v3's step, the layers of a stack as a wavefront in
-one launch: layer l at step t while the layer below is further on), 'v7' (v3/v4 with the input projection inside
-the launch: each block computes x_{t+1} W_ih^T for its rows and units while it waits for step t's h). dtypes: float32, float16, bfloat16 everywhere
+one launch: layer l at step t while the layer below is further on). dtypes: float32, float16, bfloat16 everywhere
 (fp32 accumulation, fp32 gates); float64 on 'cpu', 'v1', 'v2'.
 Baselines: nn.GRU itself (cuDNN on the GPU) at strict fp32 (torch.backends.cudnn.allow_tf32 = False, the same
 precision as the kernels), and, for reference, cuDNN with TF32 (PyTorch's default for fp32 RNNs).
@@ -75,9 +74,9 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
     """nn.GRU's forward: returns (out (seq_len, batch, hidden), h_n (num_layers, batch, hidden)).
 
     params: 4 tensors per layer (w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,)), like nn.GRU._flat_weights.
-    out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' .. 'v7' (default: see _default).
+    out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' .. 'v6' (default: see _default).
     config: v5's warp grid, 0..7, or v6's most layers per launch, 1..4 (-1: the plan's choice; v5_plan / v6_plan say
-    which; other versions ignore it); grid_sync: v3 .. v7 wait at one grid-wide barrier a step (their first design;
+    which; other versions ignore it); grid_sync: v3 .. v6 wait at one grid-wide barrier a step (their first design;
     v6: a wave of its roles) instead of for the blocks they read from (v1, v2 and the CPU ignore it).
     """
     params = list(params)
@@ -104,12 +103,6 @@ def v5_plan(batch: int, hidden: int, dtype: torch.dtype = torch.bfloat16, config
     rows_per_chunk = 16 x warps along the batch, k_split = warps along K), the slices, shared memory, blocks, the
     plan's step-time estimate (cost_ns, used only to rank the configurations) and status (0 = fits)."""
     return dict(ext().v5_plan(batch, hidden, DTYPE_CODE[dtype], config))
-
-
-def v7_plan(batch: int, hidden: int, input_size: int, dtype: torch.dtype = torch.float32) -> dict:
-    """How v7 runs one layer on this GPU: v3's split (units per block, batch slices, rows per pass) plus its W_ih
-    slice and x tile in shared memory (status 2 when they do not fit: a large input size or batch slice)."""
-    return dict(ext().v7_plan(batch, hidden, input_size, DTYPE_CODE[dtype]))
 
 
 def v6_plan(batch: int, hidden: int, layers: int, seq_len: int, dtype: torch.dtype = torch.float32,
@@ -248,9 +241,6 @@ VERSIONS = [
             dtypes=V3_DTYPES, graph=True, precision="tf32", ceiling="gemm"),
     Version("v6", _kernel("v6"), "cuda", "v3's step, the layers of a stack as a wavefront in one launch (layer l at "
                                          "step t while the layer below runs ahead)",
-            dtypes=V3_DTYPES, graph=True),
-    Version("v7", _kernel("v7"), "cuda", "v3/v4 + the input projection in the launch, computed for step t+1 while "
-                                         "waiting for step t (W_ih slice in shared memory; no GEMM before)",
             dtypes=V3_DTYPES, graph=True),
     Version("torch", gru_torch, "any", "nn.GRU (cuDNN on the GPU), fp32 without TF32", baseline=True,
             takes_out=False, check=False, graph=True, ceiling="gemm"),
