@@ -64,9 +64,9 @@
 // the timings against cuDNN and the goals' margins: results/<device>/results.csv and notebook 03):
 //   - B <= 8: latency. The grid barrier (measured on this H100 to be a large share of a step), an L2 round trip for
 //     h_{t-1}, 32-FMA chains and the lane reduction, the gate math, and the barrier's fence waiting for h_t's stores:
-//     a few microseconds a step. The goal is 3x cuDNN at B = 1: v3 beats cuDNN at B = 1 and B = 8 but misses that
-//     goal. Below this needs a cheaper barrier than a grid-wide one (e.g. a thread block cluster exchanging h through
-//     distributed shared memory), not faster arithmetic.
+//     a few microseconds a step. The goal is 3x cuDNN at B = 1 and 8: v3 beats cuDNN there but misses that goal
+//     (notebook 03 prints the margins). Below this needs a cheaper exchange (e.g. a thread block cluster sharing h
+//     through distributed shared memory), not faster arithmetic.
 //   - B = 128: the FP32 FMA pipe. 2*B*3H*H = 201 MFLOP a step over 128 SMs at 128 FMA/clk/SM and the datasheet's
 //     1.98 GHz boost (64.9 TFLOP/s) is ~3.1 us; the L2 reads of h (each block its Bb = 32 rows, 64 KB) take ~1.5 us
 //     (an estimate); plus the barrier. v3 beats cuDNN here, but with the input-projection GEMM (3 GFLOP of strict
@@ -74,8 +74,8 @@
 //     linearly with the batch: one block of 8 warps per SM (96 weight registers a thread leave room for no more)
 //     cannot hide the shared-load, FMA-chain and 4-level-butterfly latencies (SASS: ~275 instructions per pair of
 //     rows, ~550 cycles of issue for the 2 warps of a scheduler, well under the cycles the measured step time
-//     implies). v4 attacks exactly that. B = 256 (Bb = 64): v3 is still ahead of cuDNN but misses the 1.3x goal;
-//     B = 64: further ahead than at B = 128.
+//     implies). v4 attacks exactly that. B = 256 (Bb = 64): v4 is still ahead of cuDNN but misses issue 14's goal
+//     (v3.cu's header: what Nsight Compute says there); B = 64: further ahead than at B = 128.
 //   - fp16/bf16 use the same FP32 FMA path (weights converted once into fp32 registers, h read as 16-bit and
 //     widened): half the L2 bytes, the same FMA time; cuDNN's bf16 path uses tensor cores, so the gain over it is
 //     smaller at large batch (notebooks/03_gru.ipynb has the measured numbers).

@@ -5,6 +5,17 @@
 // one RB: rb=2 is v3 (rows in pairs, butterfly), rb=4 is v4 (rows in fours, reduce-scatter). The binding picks
 // "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" by version and dtype. The plan asks the occupancy API about the
 // kernel it would launch, so plan and launch live here together.
+//
+// The input projection (x W_ih^T for all T steps) is a cuBLAS GEMM before the launch (cpp_src/gru/gru.cpp). Nsight
+// Compute at batch 256, fp32: that GEMM, the same cuBLAS kernel cuDNN runs for its own projection, is about a fifth
+// of the time; the recurrence keeps the SMs about 60% busy with no dominant stall (not_selected, short_scoreboard
+// and wait about equal, one block of 8 warps per SM).
+// Tried and taken out: the projection inside this launch (v7, three designs, commits 332c336..b31fc0d). Each block
+// computed x W_ih^T for its own rows and units from a W_ih slice in shared memory, after its step's arrival or while
+// its h rows were in flight; it was slower than the GEMM before the launch at every batch (1..256) and dtype timed.
+// Under ncu at batch 64 the kernel's warp cycles per issued instruction did not move: no idle issue slots to fill,
+// so the projection's instructions (more per FMA than cuBLAS's: its weights come from shared memory) added at the
+// step's own rate; at batch 1 they lengthened every step's latency chain.
 #include "rowstep.cuh"
 
 // cooperative_groups.h without the libcu++ headers it would pull in (cuda/std/type_traits, cuda/atomic): the unit
