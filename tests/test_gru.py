@@ -72,6 +72,63 @@ def test_v3_plan_splits_hidden_512_over_the_chip():
     assert kgru.v3_plan(128, 512, version="v4") == kgru.v3_plan(128, 512)
 
 
+# proj.cu, the input projection v3..v6 run for few rows: the encoder's shapes at batch 1 and 8, the 32-wide tile's
+# edges (1, primes, one past a tile), K not a multiple of the 32-wide chunk or of a 16-byte copy.
+PROJ_SHAPES = [(1, 1, 1), (30, 1536, 256), (240, 1536, 256), (7, 99, 5), (33, 97, 259), (257, 64, 40), (3, 3, 1000)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", kgru.V3_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", PROJ_SHAPES, ids=lambda s: "M{}N{}K{}".format(*s))
+def test_input_projection_matches_float64(dtype, shape):
+    M, N, K = shape
+    for seed in (0, 1):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(M, K, generator=g).to("cuda", dtype)
+        w = (torch.randn(N, K, generator=g) / math.sqrt(K)).to("cuda", dtype)
+        want = x.double() @ w.double().t()  # float64 of the same (rounded) operands
+        # aligned (16-byte copies where K allows) and a view one element into a buffer (element loads)
+        buf = torch.randn(M * K + 1, generator=g).to("cuda", dtype)
+        buf[1:].copy_(x.flatten())
+        for xx in (x, buf[1:].view(M, K)):
+            out = torch.full((M, N), math.nan, device="cuda")
+            zero = torch.full((37,), 7, dtype=torch.int32, device="cuda")
+            kgru.ext().input_projection(xx, w, out, zero)
+            # fp16/bf16 products are exact in fp32: every dtype is held to fp32 accumulation
+            verify.assert_close(out, want, torch.float32, what=f"proj {dtype} seed {seed}")
+            assert torch.equal(zero, torch.zeros_like(zero)), "the counters must be zeroed in the same launch"
+
+
+@needs_gpu
+def test_input_projection_nan_stays_in_its_row_and_no_rows_still_zeroes():
+    x, w = torch.randn(40, 70, device="cuda"), torch.randn(50, 70, device="cuda")
+    x[33, 69] = math.nan  # in the second 32-row tile, the last k of the tail chunk
+    out = kgru.input_projection(x, w)
+    assert out[33].isnan().all() and not out[torch.arange(40, device="cuda") != 33].isnan().any()
+    zero = torch.full((5,), -1, dtype=torch.int32, device="cuda")
+    out = kgru.ext().input_projection(x[:0], w, torch.empty(0, 50, device="cuda"), zero)
+    assert out.shape == (0, 50) and torch.equal(zero, torch.zeros_like(zero))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_input_projection_bad_input_names_the_argument(device):
+    x, w = torch.randn(4, 6, device=device), torch.randn(9, 6, device=device)
+    out = torch.empty(4, 9, device=device)
+    with pytest.raises(ValueError, match=r"w must have as many columns as x \(the input size 6\), got \(9, 5\)"):
+        kgru.ext().input_projection(x, w[:, :5].contiguous(), out, None)
+    with pytest.raises(TypeError, match=r"out must be Float \(fp32 accumulation and output\), got Half"):
+        kgru.ext().input_projection(x, w, out.half(), None)
+    with pytest.raises(ValueError, match=r"out must have shape \(rows, 3\*hidden\) = \(4, 9\)"):
+        kgru.ext().input_projection(x, w, out[:, :8], None)
+    with pytest.raises(TypeError, match=r"zero must be Int"):
+        kgru.ext().input_projection(x, w, out, torch.zeros(3, device=device))
+    with pytest.raises(TypeError, match=r"x must be Float or Half or BFloat16, got Double"):
+        kgru.ext().input_projection(x.double(), w.double(), out, None)
+    if device == "cpu":
+        with pytest.raises(ValueError, match=r"input_projection is proj.cu's CUDA kernel: x must be a CUDA tensor"):
+            kgru.input_projection(x, w)
+
+
 @needs_gpu
 @pytest.mark.parametrize("version", ["v3", "v4", "v5", "v6"])
 @pytest.mark.parametrize("dtype", kgru.V3_DTYPES, ids=str)

@@ -48,6 +48,8 @@ namespace {
 using GatesCuda = cudaError_t (*)(int dtype, const void* gi, int64_t ldgi, const void* gh, int64_t ldgh,
                                   const void* b_ih, const void* b_hh, const void* h_prev, int64_t ldhp, void* h_out,
                                   int64_t ldho, int B, int H, cudaStream_t stream);
+using ProjCuda = cudaError_t (*)(int dtype, const void* x, const void* w, float* out, int M, int N, int K, int* zero,
+                                 int nzero, cudaStream_t stream);
 using V3PlanCuda = int (*)(int B, int H, int* info);
 using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
                                void* out, void* h_n, int T, int B, int H, int* counters, cudaStream_t stream);
@@ -205,6 +207,35 @@ at::Tensor proj(const at::Tensor& x, const at::Tensor& w) {
   return at::mm(x, w.t());
 }
 
+// The most rows of x (T*B) for which v3..v6's float32 input projection runs in proj.cu's kernel rather than
+// cuBLAS's GEMM: measured on the H100 (proj.cu's header: ahead up to ~120 rows at input 256, hidden 512, behind from
+// 240; cuBLAS's tensor-core GEMM is ahead at every size for float16/bfloat16, which never take it).
+constexpr int64_t kOwnProjRows = 128;
+
+void launch_proj(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, const at::Tensor& zero) {
+  const ProjCuda gru_proj = lab::launcher<ProjCuda>("gru_proj");  // cuda_src/gru/proj.cu
+  LAB_CUDA_CHECK(gru_proj(dtype_code(x.scalar_type()), x.data_ptr(), w.data_ptr(), out.data_ptr<float>(),
+                          lab::check_int32(x.size(0), "rows of x"), lab::check_int32(w.size(0), "rows of w"),
+                          lab::check_int32(x.size(1), "input size"), zero.defined() ? zero.data_ptr<int>() : nullptr,
+                          zero.defined() ? lab::check_int32(zero.numel(), "counters") : 0, LAB_STREAM()),
+                 "gru input projection kernel");
+}
+
+// v3..v6's input projection of every step, x (T*B, I) @ W_ih (3H, I)^T -> (T*B, 3H) fp32, and the step counters of
+// the launch that follows zeroed (`zero`, int32; undefined: none). float32 up to kOwnProjRows rows: one launch of
+// proj.cu's kernel does both (cuBLAS would take a split-K GEMM, its reduction and a fill: three kernels); otherwise
+// cuBLAS's GEMM and a fill.
+at::Tensor input_proj(const at::Tensor& x, const at::Tensor& w, const at::Tensor& zero) {
+  if (x.scalar_type() == at::kFloat && x.size(0) <= kOwnProjRows) {
+    at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options().dtype(at::kFloat));
+    launch_proj(x, w, out, zero);
+    return out;
+  }
+  at::Tensor out = proj(x, w);
+  if (zero.defined()) zero.zero_();
+  return out;
+}
+
 std::string v3_plan_error(int64_t version, int status, const int* info, int64_t B, int64_t H, at::ScalarType dt) {
   std::string o = lab::cat("gru v", version, " cannot run batch ", B, ", hidden ", H, ", ", dt, " on this GPU: ");
   switch (status) {
@@ -267,6 +298,9 @@ void forward_v6(const at::Tensor& x, const at::Tensor& h0, const std::vector<at:
     float* gi[4];
     std::vector<at::Tensor> keep;  // the launch's buffers, alive until it is enqueued (the caching allocator's
                                    // stream semantics keep their memory for the stream)
+    // every role's step counters, zeroed by the first layer's projection launch
+    const at::Tensor counters =
+        grid_sync ? at::Tensor() : at::empty({(2 * n - 1) * pb * ph}, x.options().dtype(at::kInt));
     for (int i = 0; i < n; ++i) {
       const int64_t l = l0 + i;
       w_ih[i] = params[size_t(4 * l)].data_ptr(), w_hh[i] = params[size_t(4 * l + 1)].data_ptr();
@@ -274,15 +308,13 @@ void forward_v6(const at::Tensor& x, const at::Tensor& h0, const std::vector<at:
       h0p[i] = h0.defined() ? h0.select(0, l).data_ptr() : nullptr;
       keep.push_back(l == L - 1 ? out : at::empty({Tn, B, H}, x.options()));  // layer l's output sequence
       outp[i] = keep.back().data_ptr();
-      if (i == 0) {  // the first layer's input projection: one GEMM, as in v3
-        keep.push_back(proj(in.view({Tn * B, in.size(2)}), params[size_t(4 * l)]));
+      if (i == 0) {  // the first layer's input projection, as in v3 (it zeroes the counters)
+        keep.push_back(input_proj(in.view({Tn * B, in.size(2)}), params[size_t(4 * l)], counters));
       } else {       // written by the launch's projection role
         keep.push_back(at::empty({Tn, B, 3 * H}, x.options().dtype(at::kFloat)));
       }
       gi[i] = keep.back().data_ptr<float>();
     }
-    const at::Tensor counters =
-        grid_sync ? at::Tensor() : at::zeros({(2 * n - 1) * pb * ph}, x.options().dtype(at::kInt));
     const V6Cuda gru_v6 = lab::launcher<V6Cuda>(v6_variant("gru_v6", dt, rb));
     void* hnp[4];  // each layer's h_n, written by the kernel at the last step (h_n is contiguous: checked)
     for (int i = 0; i < n; ++i) hnp[i] = h_n.select(0, l0 + i).data_ptr();
@@ -315,7 +347,12 @@ bool layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
     }
     return false;
   }
-  const at::Tensor gi = proj(in.view({Tn * B, I}), w_ih);  // (T*B, 3H): every step's input projection, one GEMM
+  // v3..v5's per-batch-slice step counters (at most one slice per batch row), zeroed by the projection's launch
+  const at::Tensor counters =
+      version >= 3 && !grid_sync ? at::empty({B}, in.options().dtype(at::kInt)) : at::Tensor();
+  // (T*B, 3H): every step's input projection; v2: one cuBLAS GEMM, v3..v5: input_proj (few rows: proj.cu)
+  const at::Tensor x2 = in.view({Tn * B, I});
+  const at::Tensor gi = version == 2 ? proj(x2, w_ih) : input_proj(x2, w_ih, counters);
   if (version == 2) {
     const GatesCuda gru_gates = lab::launcher<GatesCuda>("gru_gates");  // cuda_src/gru/gates.cu
     for (int64_t t = 0; t < Tn; ++t) {
@@ -331,8 +368,6 @@ bool layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
   if (version == 5) {  // cuda_src/gru/v5.cu, the variant of this dtype
     static const char* dts[3] = {"f32", "f16", "bf16"};
     const V5Cuda gru_v5 = lab::launcher<V5Cuda>(lab::cat("gru_v5@", dts[dt]));
-    // the per-batch-slice step counters (at most one slice per batch row), zeroed on this stream
-    const at::Tensor counters = grid_sync ? at::Tensor() : at::zeros({B}, in.options().dtype(at::kInt));
     LAB_CUDA_CHECK(gru_v5(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
                           h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), lab::check_int32(Tn, "seq_len"), b,
                           h, int(config), grid_sync ? nullptr : counters.data_ptr<int>(), st),
@@ -341,7 +376,6 @@ bool layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
   }
   // cuda_src/gru/v3.cu, the variant of this version (rb 2 / 4) and dtype
   const V3Cuda gru_v3 = lab::launcher<V3Cuda>(v3_variant("gru_v3", version, dt));
-  const at::Tensor counters = grid_sync ? at::Tensor() : at::zeros({B}, in.options().dtype(at::kInt));
   LAB_CUDA_CHECK(gru_v3(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
                         h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), hnl.data_ptr(),
                         lab::check_int32(Tn, "seq_len"), b, h, grid_sync ? nullptr : counters.data_ptr<int>(), st),
@@ -512,6 +546,39 @@ at::Tensor gru_gates_op(const at::Tensor& gi, const std::optional<at::Tensor>& g
       ho.data_ptr<float>(), H, B, H);
   h_out.copy_(ho);
   return h_out;
+}
+
+// ---- input_projection: proj.cu's kernel on its own (what v3..v6 run for few rows; the tests and the benchmark) ----
+at::Tensor input_projection(const at::Tensor& x, const at::Tensor& w, at::Tensor out,
+                            const std::optional<at::Tensor>& zero) {
+  lab::check_dim(x, "x", 2, "(rows, input)");
+  lab::check_dtype(x, "x", {at::kFloat, at::kHalf, at::kBFloat16});
+  lab::check_contiguous(x, "x");
+  lab::check_dim(w, "w", 2, "(3*hidden, input)");
+  lab::check_same_dtype(w, "w", x, "x");
+  lab::check_same_device(w, "w", x, "x");
+  lab::check_contiguous(w, "w");
+  LAB_CHECK_VALUE(w.size(1) == x.size(1), "w must have as many columns as x (the input size ", x.size(1), "), got ",
+                  lab::shape_str(w.sizes()));
+  lab::check_shape(out, "out", {x.size(0), w.size(0)}, "(rows, 3*hidden)");
+  LAB_CHECK_TYPE(out.scalar_type() == at::kFloat, "out must be Float (fp32 accumulation and output), got ",
+                 c10::toString(out.scalar_type()));
+  lab::check_same_device(out, "out", x, "x");
+  lab::check_contiguous(out, "out");
+  const bool has_zero = zero && zero->defined();
+  if (has_zero) {
+    lab::check_dtype(*zero, "zero", {at::kInt});
+    lab::check_same_device(*zero, "zero", x, "x");
+    lab::check_contiguous(*zero, "zero");
+  }
+  LAB_CHECK_VALUE(x.is_cuda(), "input_projection is proj.cu's CUDA kernel: x must be a CUDA tensor, got ", x.device());
+#ifdef LAB_WITH_CUDA
+  c10::cuda::CUDAGuard guard(x.device());
+  launch_proj(x, w, out, has_zero ? *zero : at::Tensor());
+#else
+  LAB_NO_CUDA_BUILD("input_projection");
+#endif
+  return out;
 }
 
 // ---- decoder_prep: the decoder step's token pick and gathers ----------------------------------------------------
@@ -858,6 +925,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("greedy_plan", lab::bind(greedy_plan),
         "greedy_plan(batch, hidden, emb_dim, vocab) -> {status, reason, blocks, units_per_block, rows_per_block, "
         "smem_bytes, smem_optin, max_coresident, a_/b_rows_per_thread, a_/b_k_lanes, a_/b_batch_tile, a_/b_k_chunk}");
+  m.def("input_projection", lab::bind(input_projection),
+        "input_projection(x, w, out, zero|None) -> out: x (M, K) @ w (N, K)^T in fp32 by proj.cu (zero: int32, set "
+        "to 0 in the same launch)");
   m.def("v3_plan", lab::bind(v3_plan),
         "v3_plan(batch, hidden, dtype_code, version) -> {status, kpt, lanes_per_unit, units_per_block, hidden_slices, "
         "batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, max_coresident}");

@@ -10,10 +10,13 @@
 // Layers run one after another (layer l's output sequence is layer l+1's input; v6 overlaps them). cpp_src/gru/gru.cpp
 // drives them;
 // the matrix products that are plain GEMMs go to cuBLAS through ATen (fp32 output for fp16/bf16 inputs: fp32
-// accumulation, no rounding of the gate pre-activations), the rest is here.
+// accumulation, no rounding of the gate pre-activations), except v3..v6's fp32 input projection when it has few rows
+// (proj.cu); the rest is here.
 //
 // Units (each its own build; this header holds what they share):
 //   gates.cu    gates_kernel, the fused pointwise gate kernel of v1/v2 and the decoder step ("gru_gates")
+//   proj.cu     proj_kernel: v3..v6's input projection for fp32 with few rows (T*B <= 128), the step counters zeroed
+//               in the same launch ("gru_proj"; its header has the measurements)
 //   v3.cu       the persistent kernel of v3 and v4 (RB = 2 / 4), its plan and launcher; built once per dtype and
 //               RB (// lab:variants dtype=f32,f16,bf16 rb=2,4): "gru_v3_plan@f32,2", "gru_v3@bf16,4", ...
 //   v5.cu       the persistent tensor-core kernel of v5, its plan and launcher; built once per dtype
@@ -38,9 +41,9 @@
 //   v3: persistent — one cooperative launch runs all T steps of a layer. W_hh is split across the blocks by hidden
 //       unit and stays in registers (fp32) for the whole sequence; each step a block reads h_{t-1} from L2 into
 //       shared memory, computes its units' 3 gate rows for its batch rows, applies the gates, writes h_t, and the
-//       grid meets at one grid.sync(). The input projection is still one cuBLAS GEMM before the launch. (Since v5's
-//       exchange landed in persistent.cuh, v3/v4 wait by default only for the blocks of their own batch slice, on
-//       per-slice step counters; grid_sync=True keeps the one grid.sync().)
+//       grid meets at one grid.sync(). The input projection is one GEMM before the launch (cuBLAS; proj.cu for fp32
+//       with few rows). (Since v5's exchange landed in persistent.cuh, v3/v4 wait by default only for the blocks of
+//       their own batch slice, on per-slice step counters; grid_sync=True keeps the one grid.sync().)
 //   v4: v3 with four batch rows per pass (12 independent FMA chains instead of 6) and the lane reduction as a
 //       reduce-scatter (13 shuffles per 4 rows instead of 48 for a butterfly): the same work, less exposed latency.
 //   v5: v3's loop with h_{t-1} W_hh^T on tensor cores (mma.sync: fp16/bf16 as stored, TF32 on float32 tensors), the
@@ -123,6 +126,20 @@ __device__ __forceinline__ double from_d(double v) { return v; }
 // Stores of the accumulate type A into the storage type T.
 template <class T, class A> __device__ __forceinline__ T store_as(A v) { return from_f<T>(float(v)); }
 template <> __device__ __forceinline__ double store_as<double, double>(double v) { return v; }
+
+// Four consecutive elements in shared memory (8- or 16-byte aligned), widened to fp32: v3/v6's h tile, proj.cu's tiles.
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 ld4(const __nv_bfloat16* p) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);  // bf16 -> fp32 is a 16-bit shift
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                     __uint_as_float(v.y & 0xffff0000u));
+}
+__device__ __forceinline__ float4 ld4(const __half* p) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
 
 // ---- activations ------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + __expf(-x)); }

@@ -15,20 +15,6 @@
 
 namespace gru {
 
-// Four consecutive elements of the shared-memory h tile, widened to fp32.
-__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 ld4(const __nv_bfloat16* p) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);  // bf16 -> fp32 is a 16-bit shift
-  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
-                     __uint_as_float(v.y & 0xffff0000u));
-}
-__device__ __forceinline__ float4 ld4(const __half* p) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);
-  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
-  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-
 // ---- cp.async (sm_80+): copies that complete asynchronously into shared memory ---------------------------------
 __device__ __forceinline__ void cp_async16_cg(void* smem, const void* gmem) {  // 16 B, L2 only (coherent)
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));

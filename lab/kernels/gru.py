@@ -1,9 +1,11 @@
 """GRU forward (torch.nn.GRU, gates r, z, n): the C++ CPU version, CUDA v1 .. v5, and cuDNN as the baseline; plus
 the pieces of the seq2seq decoder step that runs without torch.cat (lab/models/seq2seq.py).
 
-Sources: cuda_src/gru/ (gru.cuh: the header with the napkin math; gates.cu, v3.cu (v3 and v4, built per dtype and
-rows-per-pass variant), v5.cu (v5, built per dtype), v6.cu (v6, built like v3.cu), rowstep.cuh (the step v3.cu and
-v6.cu share), persistent.cuh (what the persistent units share), decoder.cu: kernels and launchers), cpp_src/gru/gru.cpp (the binding, named checks), cpp_src/gru/cpu.cpp (the C++ CPU code).
+Sources: cuda_src/gru/ (gru.cuh: the header with the napkin math; gates.cu, proj.cu (v3..v6's input projection
+for few rows), v3.cu (v3 and v4, built per dtype and rows-per-pass variant), v5.cu (v5, built per dtype), v6.cu
+(v6, built like v3.cu), rowstep.cuh (the step v3.cu and v6.cu share), persistent.cuh (what the persistent units
+share), decoder.cu: kernels and launchers), cpp_src/gru/gru.cpp (the binding, named checks), cpp_src/gru/cpu.cpp
+(the C++ CPU code).
 
     out, h_n = gru(x, h0, params, version="v3")
     # x: (seq_len, batch, input_size); h0: (num_layers, batch, hidden) or None (zeros);
@@ -90,6 +92,15 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
     o, hn = out
     version = version or _default(x, len(params) // 4)
     return tuple(ext().gru_forward(x, h0, params, o, hn, version_number(version), config, grid_sync))
+
+
+def input_projection(x: torch.Tensor, w: torch.Tensor, zero: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) @ w (N, K)^T -> (M, N) float32 by cuda_src/gru/proj.cu: the kernel v3..v6 run for their input
+    projection when T*B is small (cuBLAS above); float32/float16/bfloat16 operands, fp32 accumulation. `zero`
+    (int32, CUDA) is set to 0 in the same launch, as the persistent kernels' step counters are."""
+    out = torch.empty(x.shape[0] if x.dim() == 2 else 0, w.shape[0] if w.dim() == 2 else 0, dtype=torch.float32,
+                      device=x.device)
+    return ext().input_projection(x, w, out, zero)
 
 
 def v3_plan(batch: int, hidden: int, dtype: torch.dtype = torch.float32, version: str = "v3") -> dict:
