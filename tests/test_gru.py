@@ -329,8 +329,9 @@ def test_cpu_tensors_refuse_cuda_versions_and_bad_tokens():
     x, h0, params = _inputs(2, 2, 3, 4)
     with pytest.raises(ValueError, match=r"version 3 is a CUDA kernel but x is on the CPU"):
         kgru.gru(x, h0, params, version="v3")
-    with pytest.raises(ValueError, match=r"config must be -1 \(automatic\), 0\.\.7 \(v5's warp grids\) or 1\.\.4 "
-                                         r"\(v6's layers per launch\), got 9"):
+    with pytest.raises(ValueError, match=r"config must be -1 \(automatic\), 0\.\.7 \(v5's warp grids\), 1\.\.4 "
+                                         r"\(v6's layers per launch\) or 1\.\.2 \(v3/v4's exchange: 1 step counters, "
+                                         r"2 tagged h\), got 9"):
         kgru.gru(x, h0, params, version="cpu", config=9)
     emb, gtab, gctx = torch.zeros(5, 2), torch.zeros(5, 3), torch.zeros(1, 3)
     with pytest.raises(ValueError, match=r"tokens\[0\] = 9 is outside the vocabulary \[0, 5\)"):
@@ -346,6 +347,9 @@ def test_cuda_bad_input():
     for v in ("v3", "v4", "v5"):
         with pytest.raises(TypeError, match=rf"gru {v} supports Float, Half and BFloat16, got Double"):
             kgru.gru(x.double(), h0.double(), [p.double() for p in params], version=v)
+    with pytest.raises(ValueError, match=r"gru v3: config is the exchange between steps: -1 \(the plan's choice\), "
+                                         r"1 \(step counters\) or 2 \(tagged h\), got 3"):
+        kgru.gru(x, h0, params, version="v3", config=3)
     xb, _, pb = _inputs(2, 2, 3, 2048, device="cuda")
     with pytest.raises(ValueError, match=r"gru v3 cannot run batch 2, hidden 2048.*hidden <= 1024.*use v2"):
         kgru.gru(xb, None, pb, version="v3")
@@ -384,11 +388,14 @@ def test_default_version_keeps_the_precision_and_follows_the_batch():
 def test_slice_counters_and_grid_barrier_give_the_same_bits(version):
     # the two ways the persistent versions meet between steps change only who waits for whom, not one operation: any
     # missing wait shows up as a bit difference (h read before it was written)
+    # v3/v4 have a third: the tagged h words (config 2; the plan's choice at one batch row a block), forced here at
+    # every batch, with several rows and chunks a block too
     for dt, B in ((torch.bfloat16, 256), (torch.float32, 130), (torch.float16, 3), (torch.float32, 1)):
         x, h0, params = _inputs(9, B, 40, 200, L=2, dtype=dt, device="cuda", seed=B)
-        a = kgru.gru(x, h0, params, version=version)
         b = kgru.gru(x, h0, params, version=version, grid_sync=True)
-        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (dt, B)
+        for config in ((-1, 1, 2) if version in ("v3", "v4") else (-1,)):
+            a = kgru.gru(x, h0, params, version=version, config=config)
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (dt, B, config)
 
 
 # ---- v6: the stack as a wavefront -------------------------------------------------------------------------------

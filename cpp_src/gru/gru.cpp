@@ -5,7 +5,8 @@
 //   gru_forward(x, h0, params, out, h_n, version, config)  nn.GRU's forward: (seq_len, batch, input) -> out, h_n.
 //       version 0: C++ on the CPU (cpp_src/gru/cpu.cpp); 1..6: cuda_src/gru/'s v1..v6 (see gru.cuh's header).
 //       config: v5's warp grid (-1: the plan's choice; 0..7 force one), v6's most layers per launch (-1: the
-//       plan's choice; 1..4); the other versions ignore it. grid_sync: v3..v6 meet at one grid-wide barrier a step
+//       plan's choice; 1..4), v3/v4's exchange between steps (-1: the plan's choice; 1 step counters, 2 tagged h
+//       words); the other versions ignore it. grid_sync: v3..v6 meet at one grid-wide barrier a step
 //       (cooperative_groups; v6: a wave) instead of per-batch-slice step counters (v1/v2 ignore it).
 //   gru_gates(gi, gh, b_ih, b_hh, h_prev, h_out)   one GRU cell's pointwise half (gates + update), rows may be
 //       strided: the seq2seq decoder writes h straight into its [emb | h] buffer.
@@ -52,7 +53,8 @@ using ProjCuda = cudaError_t (*)(int dtype, const void* x, const void* w, float*
                                  int nzero, cudaStream_t stream);
 using V3PlanCuda = int (*)(int B, int H, int* info);
 using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
-                               void* out, void* h_n, int T, int B, int H, int* counters, cudaStream_t stream);
+                               void* out, void* h_n, int T, int B, int H, int* counters, unsigned long long* hx,
+                               cudaStream_t stream);
 using V5PlanCuda = int (*)(int B, int H, int config, int* info);
 using V6PlanCuda = int (*)(int B, int H, int L, int T, int config, int* info);
 using V6Cuda = cudaError_t (*)(int L, const void* const* w_ih, const void* const* w_hh, const void* const* b_ih,
@@ -326,8 +328,21 @@ void forward_v6(const at::Tensor& x, const at::Tensor& h0, const std::vector<at:
   }
 }
 
+// How v3..v5's blocks meet between steps (persistent.cuh): one grid.sync() (grid_sync=True), the per-batch-slice
+// step counters, or (v3/v4) the tagged h words. v3/v4's plan choice (config -1): tagged where a block owns one batch
+// row, counters above. Measured on the H100 (fp32 and bf16, hidden 512, T = 30, graph): tagged 8-12% faster at one
+// row a block (batch 1..4: 69.7 against 77.8 us at batch 1 fp32), 8-15% slower at two (batch 5..8) and about twice
+// as slow at batch 64 and 256, where each thread polls many words one round trip after another.
+enum class Exchange { kGrid, kCounters, kTagged };
+
+Exchange v3_exchange(bool grid_sync, int64_t config, int rows_per_block) {
+  if (grid_sync) return Exchange::kGrid;
+  if (config == 2 || (config == -1 && rows_per_block == 1)) return Exchange::kTagged;
+  return Exchange::kCounters;
+}
+
 // Returns whether the kernel wrote h_n's layer slice hnl itself (v3, v4); else the caller copies the last step.
-bool layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tensor& in, const at::Tensor& w_ih,
+bool layer_cuda(int64_t version, int64_t config, Exchange ex, const at::Tensor& in, const at::Tensor& w_ih,
                 const at::Tensor& w_hh, const at::Tensor& b_ih, const at::Tensor& b_hh, const at::Tensor& h0l,
                 at::Tensor& o, at::Tensor hnl) {
   const int64_t Tn = in.size(0), B = in.size(1), I = in.size(2), H = w_hh.size(1), G = 3 * H;
@@ -347,9 +362,11 @@ bool layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
     }
     return false;
   }
-  // v3..v5's per-batch-slice step counters (at most one slice per batch row), zeroed by the projection's launch
+  // v3..v5's exchange state, zeroed by the projection's launch: the per-batch-slice step counters (at most one slice
+  // per batch row), or v3/v4's tagged h words, (2, B, H) 64-bit (persistent.cuh)
+  const bool grid_sync = ex == Exchange::kGrid, tagged = ex == Exchange::kTagged;
   const at::Tensor counters =
-      version >= 3 && !grid_sync ? at::empty({B}, in.options().dtype(at::kInt)) : at::Tensor();
+      version >= 3 && !grid_sync ? at::empty({tagged ? 4 * B * H : B}, in.options().dtype(at::kInt)) : at::Tensor();
   // (T*B, 3H): every step's input projection; v2: one cuBLAS GEMM, v3..v5: input_proj (few rows: proj.cu)
   const at::Tensor x2 = in.view({Tn * B, I});
   const at::Tensor gi = version == 2 ? proj(x2, w_ih) : input_proj(x2, w_ih, counters);
@@ -378,7 +395,9 @@ bool layer_cuda(int64_t version, int64_t config, bool grid_sync, const at::Tenso
   const V3Cuda gru_v3 = lab::launcher<V3Cuda>(v3_variant("gru_v3", version, dt));
   LAB_CUDA_CHECK(gru_v3(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
                         h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), hnl.data_ptr(),
-                        lab::check_int32(Tn, "seq_len"), b, h, grid_sync ? nullptr : counters.data_ptr<int>(), st),
+                        lab::check_int32(Tn, "seq_len"), b, h,
+                        grid_sync || tagged ? nullptr : counters.data_ptr<int>(),
+                        tagged ? reinterpret_cast<unsigned long long*>(counters.data_ptr<int>()) : nullptr, st),
                  version == 3 ? "gru v3 persistent kernel (cooperative launch)"
                               : "gru v4 persistent kernel (cooperative launch)");
   return true;
@@ -415,9 +434,11 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
   const std::pair<int64_t, int64_t> dims = check_forward(x, h0, params, out, h_n);
   const int64_t L = dims.first, H = dims.second;
   lab::check_version(x, "x", version, 1, kMaxVersion, "gru");
-  LAB_CHECK_VALUE(config >= -1 && config < 8, "config must be -1 (automatic), 0..7 (v5's warp grids) or 1..4 (v6's "
-                  "layers per launch), got ",
+  LAB_CHECK_VALUE(config >= -1 && config < 8, "config must be -1 (automatic), 0..7 (v5's warp grids), 1..4 (v6's "
+                  "layers per launch) or 1..2 (v3/v4's exchange: 1 step counters, 2 tagged h), got ",
                   config);
+  LAB_CHECK_VALUE(!(version == 3 || version == 4) || config <= 2, "gru v", version, ": config is the exchange between "
+                  "steps: -1 (the plan's choice), 1 (step counters) or 2 (tagged h), got ", config);
   const bool has_h0 = h0 && h0->defined();
   const int64_t Tn = x.size(0), B = x.size(1);
   if (version >= 3)
@@ -441,6 +462,7 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
     if (x.is_cuda()) {
 #ifdef LAB_WITH_CUDA
       c10::cuda::CUDAGuard guard(x.device());
+      Exchange ex = grid_sync ? Exchange::kGrid : Exchange::kCounters;
       if (version == 5) {
         int info[12];
         const int status = v5_plan_call(dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
@@ -451,8 +473,9 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
         const int status = v3_plan_call(version, dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
                                         lab::check_int32(H, "hidden"), info);
         LAB_CHECK_VALUE(status == 0, v3_plan_error(version, status, info, B, H, x.scalar_type()));
+        ex = v3_exchange(grid_sync, config, info[5]);
       }
-      if (!layer_cuda(version, config, grid_sync, in, w_ih, w_hh, b_ih, b_hh, h0l, o, h_n.select(0, l)))
+      if (!layer_cuda(version, config, ex, in, w_ih, w_hh, b_ih, b_hh, h0l, o, h_n.select(0, l)))
         h_n.select(0, l).copy_(o.select(0, Tn - 1));
 #else
       LAB_NO_CUDA_BUILD("gru_forward");

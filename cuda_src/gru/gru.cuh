@@ -43,7 +43,8 @@
 //       shared memory, computes its units' 3 gate rows for its batch rows, applies the gates, writes h_t, and the
 //       grid meets at one grid.sync(). The input projection is one GEMM before the launch (cuBLAS; proj.cu for fp32
 //       with few rows). (Since v5's exchange landed in persistent.cuh, v3/v4 wait by default only for the blocks of
-//       their own batch slice, on per-slice step counters; grid_sync=True keeps the one grid.sync().)
+//       their own batch slice, on per-slice step counters; grid_sync=True keeps the one grid.sync(). Where a block
+//       owns one batch row, they exchange h as tagged 64-bit words instead, the data its own flag: persistent.cuh.)
 //   v4: v3 with four batch rows per pass (12 independent FMA chains instead of 6) and the lane reduction as a
 //       reduce-scatter (13 shuffles per 4 rows instead of 48 for a butterfly): the same work, less exposed latency.
 //   v5: v3's loop with h_{t-1} W_hh^T on tensor cores (mma.sync: fp16/bf16 as stored, TF32 on float32 tensors), the
@@ -67,7 +68,9 @@
 // the timings against cuDNN and the goals' margins: results/<device>/results.csv and notebook 03):
 //   - B <= 8: latency. The grid barrier (measured on this H100 to be a large share of a step), an L2 round trip for
 //     h_{t-1}, 32-FMA chains and the lane reduction, the gate math, and the barrier's fence waiting for h_t's stores:
-//     a few microseconds a step. The goal is 3x cuDNN at B = 1 and 8: v3 beats cuDNN there but misses that goal
+//     a few microseconds a step. The tagged exchange (persistent.cuh) takes the fence, the count and the second
+//     round trip off the chain: ~0.27 us a step at batch 1 (69.7 against 77.8 us for T = 30, fp32, graph), where a
+//     block owns one row; with two rows a block it measured slower, so the plan keeps the counters there. The goal is 3x cuDNN at B = 1 and 8: v3 beats cuDNN there but misses that goal
 //     (notebook 03 prints the margins). Below this needs a cheaper exchange (e.g. a thread block cluster sharing h
 //     through distributed shared memory), not faster arithmetic.
 //   - B = 128: the FP32 FMA pipe. 2*B*3H*H = 201 MFLOP a step over 128 SMs at 128 FMA/clk/SM and the datasheet's

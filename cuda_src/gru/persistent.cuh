@@ -57,4 +57,22 @@ __device__ __forceinline__ void slice_arrive(int* counter) {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 
+// The tagged exchange (v3/v4, issue 14's cheaper exchange): h_t travels as 64-bit words, the value's fp32 bits in the
+// low half and t + 1 in the high half, written with one relaxed 64-bit store (single-copy atomic: a reader sees the
+// old word or the new one, never half of each). A reader of h_{t-1} spins on the words themselves until their tag
+// reads t: the data is its own flag, so no fence before a count, no counter, no second round trip for the data.
+// Double-buffered by step parity: a writer of h_{t+1} has read all of h_t, so every block of its slice has finished
+// step t and read all of h_{t-1}, the words it overwrites. Tag 0 means never written (the buffer is zeroed before
+// the launch), so a word of an earlier launch is never taken for this one's.
+__device__ __forceinline__ void st_tagged(unsigned long long* p, float v, int t) {
+  const unsigned long long w = (static_cast<unsigned long long>(static_cast<unsigned>(t + 1)) << 32) |
+                               __float_as_uint(v);
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;\n" ::"l"(p), "l"(w) : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_tagged(const unsigned long long* p) {
+  unsigned long long w;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];\n" : "=l"(w) : "l"(p) : "memory");
+  return w;
+}
+
 }  // namespace gru

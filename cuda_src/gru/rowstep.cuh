@@ -5,7 +5,9 @@
 //
 //   load_w      lane s's KPT columns of its unit's three rows, into registers (once per launch)
 //   init_state  the block's biases and its own h (h0's rows or zeros), once per launch; zero_pad: a tile's pad columns
-//   load_rows   nr rows of h (global, written during this launch by other SMs: L2-only copies) into the h tile
+//   load_rows   nr rows of h (global, written during this launch by other SMs: L2-only copies) into the h tile;
+//               load_rows_tagged: the same rows from the tagged exchange's words (persistent.cuh), each polled
+//               until it carries this step's tag
 //   dot_rows    the tile's rows times the three rows: one fp32 sum per (row, gate, unit) into ghs
 //   apply_gates the gates and the state update of the chunk's rows, h_t stored in fp32 (own) and as T (out)
 // All are force-inlined into the kernels: the code the compiler sees is that of one kernel body.
@@ -43,6 +45,33 @@ __device__ void load_rows(T* hs, int Kp, const T* src, int nr, int H) {
     for (int p = threadIdx.x; p < nr * H; p += kThreads) {
       const int r = p / H, k = p % H;
       hs[r * Kp + k] = ldcg(src + int64_t(r) * H + k);
+    }
+  }
+}
+
+// The tagged exchange's read: nr rows of h_{t-1} (written at step t-1 with tag t) from hx into the h tile, each word
+// re-read until its tag is t. Four words a thread in flight at once; a word not yet written is polled again.
+template <class T>
+__device__ void load_rows_tagged(T* hs, int Kp, const unsigned long long* src, int nr, int H, int t) {
+  const int n = nr * H;
+  for (int p0 = threadIdx.x; p0 < n; p0 += 4 * kThreads) {
+    unsigned long long w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int p = p0 + i * kThreads;
+      if (p < n) w[i] = ld_tagged(src + int64_t(p / H) * H + p % H);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int p = p0 + i * kThreads;
+      if (p >= n) continue;
+      // A word that never arrives is a bug (a writer that skipped it): trap after ~2^26 polls (seconds) rather
+      // than hang the process.
+      for (int spins = 0; static_cast<int>(w[i] >> 32) != t; ++spins) {
+        if (spins == (1 << 26)) __trap();
+        w[i] = ld_tagged(src + int64_t(p / H) * H + p % H);
+      }
+      hs[(p / H) * Kp + p % H] = from_f<T>(__uint_as_float(static_cast<unsigned>(w[i])));
     }
   }
 }
@@ -192,10 +221,11 @@ __device__ __forceinline__ void dot_rows(const float (&w)[3][KPT], const T* hs, 
 //    [Bb][3][Hb] (no bias); ghs: dot_rows' sums; bias [6][Hb]: b_ih r,z,n, b_hh r,z,n; hown [Bb][Hb]: the block's h
 //    in fp32 (the same thread owns (row, unit) at every step); out: (T, B, H), h_t stored at step t; last: (B, H),
 //    h_t stored there too (h_n, at the last step), or nullptr.
+//    hx: the tagged exchange's buffer of step t's parity (B, H) (persistent.cuh), or nullptr.
 template <class T, int Hb>
 __device__ __forceinline__ void apply_gates(const float* gib, const float* ghs, const float* bias, float* hown,
                                             T* out, int t, int B, int b0, int j0, int H, int c0, int nr, int tid,
-                                            T* last) {
+                                            T* last, unsigned long long* hx = nullptr) {
   for (int p = tid; p < nr * Hb; p += kThreads) {
     const int uu = p % Hb, r = p / Hb, jj = j0 + uu, bb = c0 + r;
     if (jj >= H) continue;
@@ -207,8 +237,10 @@ __device__ __forceinline__ void apply_gates(const float* gib, const float* ghs, 
     const float hp = hown[bb * Hb + uu];
     const float hn = ng + zg * (hp - ng);
     hown[bb * Hb + uu] = hn;
-    out[(int64_t(t) * B + b0 + bb) * H + jj] = from_f<T>(hn);
-    if (last) last[int64_t(b0 + bb) * H + jj] = from_f<T>(hn);
+    const T ht = from_f<T>(hn);
+    out[(int64_t(t) * B + b0 + bb) * H + jj] = ht;
+    if (last) last[int64_t(b0 + bb) * H + jj] = ht;
+    if (hx) st_tagged(hx + int64_t(b0 + bb) * H + jj, tof(ht), t);  // the value the readers of out would see
   }
 }
 

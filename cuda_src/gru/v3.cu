@@ -55,6 +55,8 @@ struct V3Args {
   int BC;            // batch rows per shared-memory chunk (BC <= Bb)
   int* counters;     // per batch slice (block index / Ph), zeroed before the launch: slice_wait / slice_arrive
                      // (persistent.cuh); nullptr: one grid-wide barrier a step (cooperative_groups grid.sync())
+  unsigned long long* hx;  // (2, B, H) zeroed: the tagged exchange (persistent.cuh), in place of counters and
+                           // grid.sync(); nullptr: not used
 };
 
 template <class T, int KPT, int S, int RB>
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
       const int uu = p % Hb, g = (p / Hb) % 3, bb = p / (3 * Hb);
       if (j0 + uu < H) cp_async4(gib + p, gsrc + (int64_t(b0 + bb) * 3 + g) * H + j0 + uu);
     }
-    if (t > 0) {  // h_{t-1} of this block's rows is written: by its slice's blocks, or by every block (grid.sync)
+    if (t > 0 && !a.hx) {  // h_{t-1} of this block's rows is written: by its slice's blocks, or by every block
       if (a.counters)
         slice_wait(a.counters + blockIdx.x / a.Ph, a.Ph * t);
       else
@@ -107,7 +109,10 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
 
     for (int c0 = 0; c0 < nb; c0 += BC) {
       const int nr = min(BC, nb - c0);
-      load_rows<T>(hs, Kp, hsrc ? hsrc + int64_t(b0 + c0) * H : nullptr, nr, H);
+      if (a.hx && t > 0)
+        load_rows_tagged<T>(hs, Kp, a.hx + (int64_t((t - 1) & 1) * B + b0 + c0) * H, nr, H, t);
+      else
+        load_rows<T>(hs, Kp, hsrc ? hsrc + int64_t(b0 + c0) * H : nullptr, nr, H);
       cp_async_wait_all();
       __syncthreads();  // the h tile (and the prefetched gi) visible to all
 
@@ -115,7 +120,8 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
       __syncthreads();  // all sums of the chunk stored
 
       apply_gates<T, Hb>(gib, ghs, bias, hown, out, t, B, b0, j0, H, c0, nr, tid,  // 5.
-                         t + 1 == a.T ? static_cast<T*>(a.h_n) : nullptr);
+                         t + 1 == a.T ? static_cast<T*>(a.h_n) : nullptr,
+                         a.hx ? a.hx + int64_t(t & 1) * B * H : nullptr);
       // The next chunk's load overwrites hs (read only before the barrier above); its __syncthreads orders the
       // gate phase's reads of ghs before the next dot phase rewrites them.
     }
@@ -190,16 +196,17 @@ int gru_v3_plan(int B, int H, int* info) {
   return p.status;
 }
 
-// counters: at least batch ints, zeroed (the per-slice step counts); nullptr: grid.sync() each step. h_n: (B, H), the
-// last step's h (written by the kernel: no copy after it), or nullptr.
+// counters: at least batch ints, zeroed (the per-slice step counts); hx: (2, B, H) 64-bit words, zeroed (the tagged
+// exchange); both nullptr: grid.sync() each step. h_n: (B, H), the last step's h (written by the kernel: no copy
+// after it), or nullptr.
 cudaError_t gru_v3(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0, void* out,
-                   void* h_n, int T, int B, int H, int* counters, cudaStream_t stream) {
+                   void* h_n, int T, int B, int H, int* counters, unsigned long long* hx, cudaStream_t stream) {
   using namespace gru;
   if (T == 0 || B == 0) return cudaSuccess;
   const Plan p = make_plan(B, H);
   if (p.status == 3) return cudaErrorCooperativeLaunchTooLarge;
   if (p.status) return cudaErrorInvalidConfiguration;
-  V3Args a{gi, w_hh, b_ih, b_hh, h0, out, h_n, T, B, H, p.ph, p.bb, p.bc, counters};
+  V3Args a{gi, w_hh, b_ih, b_hh, h0, out, h_n, T, B, H, p.ph, p.bb, p.bc, counters, hx};
   void* args[] = {&a};
   // cooperative: the blocks of a slice wait for each other (the counters) or all of them do (grid.sync())
   return launch_cooperative(v3_kernel_for<VT, kRB>(p.kpt, p.s), p.blocks, p.smem, stream, args);

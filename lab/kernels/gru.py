@@ -77,9 +77,11 @@ def gru(x: torch.Tensor, h0: torch.Tensor | None, params, out: tuple | None = No
 
     params: 4 tensors per layer (w_ih (3H, in), w_hh (3H, H), b_ih (3H,), b_hh (3H,)), like nn.GRU._flat_weights.
     out: optional (out, h_n) tensors to write into. version: 'cpu' | 'v1' .. 'v6' (default: see _default).
-    config: v5's warp grid, 0..7, or v6's most layers per launch, 1..4 (-1: the plan's choice; v5_plan / v6_plan say
-    which; other versions ignore it); grid_sync: v3 .. v6 wait at one grid-wide barrier a step (their first design;
-    v6: a wave of its roles) instead of for the blocks they read from (v1, v2 and the CPU ignore it).
+    config: v5's warp grid, 0..7, v6's most layers per launch, 1..4, or v3/v4's exchange between steps, 1 (step
+    counters) or 2 (tagged h words: the data is its own flag) (-1: the plan's choice; v5_plan / v6_plan say which;
+    v3/v4 take the tagged words at one batch row a block; other versions ignore it); grid_sync: v3 .. v6 wait at one
+    grid-wide barrier a step (their first design; v6: a wave of its roles) instead of for the blocks they read from
+    (v1, v2 and the CPU ignore it).
     """
     params = list(params)
     if out is None:
