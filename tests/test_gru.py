@@ -350,6 +350,8 @@ def test_cuda_bad_input():
     with pytest.raises(ValueError, match=r"gru v3: config is the exchange between steps: -1 \(the plan's choice\), "
                                          r"1 \(step counters\) or 2 \(tagged h\), got 3"):
         kgru.gru(x, h0, params, version="v3", config=3)
+    with pytest.raises(ValueError, match=r"gru v4: config is the exchange between steps.*got 0"):
+        kgru.gru(x, h0, params, version="v4", config=0)
     xb, _, pb = _inputs(2, 2, 3, 2048, device="cuda")
     with pytest.raises(ValueError, match=r"gru v3 cannot run batch 2, hidden 2048.*hidden <= 1024.*use v2"):
         kgru.gru(xb, None, pb, version="v3")

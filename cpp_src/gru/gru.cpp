@@ -437,8 +437,9 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
   LAB_CHECK_VALUE(config >= -1 && config < 8, "config must be -1 (automatic), 0..7 (v5's warp grids), 1..4 (v6's "
                   "layers per launch) or 1..2 (v3/v4's exchange: 1 step counters, 2 tagged h), got ",
                   config);
-  LAB_CHECK_VALUE(!(version == 3 || version == 4) || config <= 2, "gru v", version, ": config is the exchange between "
-                  "steps: -1 (the plan's choice), 1 (step counters) or 2 (tagged h), got ", config);
+  LAB_CHECK_VALUE(!(version == 3 || version == 4) || config == -1 || config == 1 || config == 2, "gru v", version,
+                  ": config is the exchange between steps: -1 (the plan's choice), 1 (step counters) or 2 (tagged h), "
+                  "got ", config);
   const bool has_h0 = h0 && h0->defined();
   const int64_t Tn = x.size(0), B = x.size(1);
   if (version >= 3)
