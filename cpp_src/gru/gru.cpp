@@ -365,11 +365,11 @@ bool layer_cuda(int64_t version, int64_t config, Exchange ex, const at::Tensor& 
   // v3..v5's exchange state, zeroed by the projection's launch: the per-batch-slice step counters (at most one slice
   // per batch row), or v3/v4's tagged h words, (2, B, H) 64-bit (persistent.cuh)
   const bool grid_sync = ex == Exchange::kGrid, tagged = ex == Exchange::kTagged;
-  const at::Tensor counters =
+  const at::Tensor xstate =
       version >= 3 && !grid_sync ? at::empty({tagged ? 4 * B * H : B}, in.options().dtype(at::kInt)) : at::Tensor();
   // (T*B, 3H): every step's input projection; v2: one cuBLAS GEMM, v3..v5: input_proj (few rows: proj.cu)
   const at::Tensor x2 = in.view({Tn * B, I});
-  const at::Tensor gi = version == 2 ? proj(x2, w_ih) : input_proj(x2, w_ih, counters);
+  const at::Tensor gi = version == 2 ? proj(x2, w_ih) : input_proj(x2, w_ih, xstate);
   if (version == 2) {
     const GatesCuda gru_gates = lab::launcher<GatesCuda>("gru_gates");  // cuda_src/gru/gates.cu
     for (int64_t t = 0; t < Tn; ++t) {
@@ -387,7 +387,7 @@ bool layer_cuda(int64_t version, int64_t config, Exchange ex, const at::Tensor& 
     const V5Cuda gru_v5 = lab::launcher<V5Cuda>(lab::cat("gru_v5@", dts[dt]));
     LAB_CUDA_CHECK(gru_v5(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
                           h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), lab::check_int32(Tn, "seq_len"), b,
-                          h, int(config), grid_sync ? nullptr : counters.data_ptr<int>(), st),
+                          h, int(config), grid_sync ? nullptr : xstate.data_ptr<int>(), st),
                    "gru v5 persistent tensor-core kernel (cooperative launch)");
     return false;
   }
@@ -396,8 +396,8 @@ bool layer_cuda(int64_t version, int64_t config, Exchange ex, const at::Tensor& 
   LAB_CUDA_CHECK(gru_v3(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
                         h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), hnl.data_ptr(),
                         lab::check_int32(Tn, "seq_len"), b, h,
-                        grid_sync || tagged ? nullptr : counters.data_ptr<int>(),
-                        tagged ? reinterpret_cast<unsigned long long*>(counters.data_ptr<int>()) : nullptr, st),
+                        grid_sync || tagged ? nullptr : xstate.data_ptr<int>(),
+                        tagged ? reinterpret_cast<unsigned long long*>(xstate.data_ptr<int>()) : nullptr, st),
                  version == 3 ? "gru v3 persistent kernel (cooperative launch)"
                               : "gru v4 persistent kernel (cooperative launch)");
   return true;
