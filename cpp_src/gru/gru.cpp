@@ -54,7 +54,7 @@ using ProjCuda = cudaError_t (*)(int dtype, const void* x, const void* w, float*
 using V3PlanCuda = int (*)(int B, int H, int* info);
 using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
                                void* out, void* h_n, int T, int B, int H, int* counters, unsigned long long* hx,
-                               cudaStream_t stream);
+                               bool early, cudaStream_t stream);
 using V5PlanCuda = int (*)(int B, int H, int config, int* info);
 using V6PlanCuda = int (*)(int B, int H, int L, int T, int config, int* info);
 using V6Cuda = cudaError_t (*)(int L, const void* const* w_ih, const void* const* w_hh, const void* const* b_ih,
@@ -227,8 +227,10 @@ void launch_proj(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, cons
 // the launch that follows zeroed (`zero`, int32; undefined: none). float32 up to kOwnProjRows rows: one launch of
 // proj.cu's kernel does both (cuBLAS would take a split-K GEMM, its reduction and a fill: three kernels); otherwise
 // cuBLAS's GEMM and a fill.
+bool own_proj(const at::Tensor& x) { return x.scalar_type() == at::kFloat && x.size(0) <= kOwnProjRows; }
+
 at::Tensor input_proj(const at::Tensor& x, const at::Tensor& w, const at::Tensor& zero) {
-  if (x.scalar_type() == at::kFloat && x.size(0) <= kOwnProjRows) {
+  if (own_proj(x)) {
     at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options().dtype(at::kFloat));
     launch_proj(x, w, out, zero);
     return out;
@@ -397,7 +399,8 @@ bool layer_cuda(int64_t version, int64_t config, Exchange ex, const at::Tensor& 
                         h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), hnl.data_ptr(),
                         lab::check_int32(Tn, "seq_len"), b, h,
                         grid_sync || tagged ? nullptr : xstate.data_ptr<int>(),
-                        tagged ? reinterpret_cast<unsigned long long*>(xstate.data_ptr<int>()) : nullptr, st),
+                        tagged ? reinterpret_cast<unsigned long long*>(xstate.data_ptr<int>()) : nullptr,
+                        own_proj(x2), st),  // early behind proj.cu's launch (v3.cu: gru_v3)
                  version == 3 ? "gru v3 persistent kernel (cooperative launch)"
                               : "gru v4 persistent kernel (cooperative launch)");
   return true;
