@@ -17,6 +17,13 @@
 // Under ncu at batch 64 the kernel's warp cycles per issued instruction did not move: no idle issue slots to fill,
 // so the projection's instructions (more per FMA than cuBLAS's: its weights come from shared memory) added at the
 // step's own rate; at batch 1 they lengthened every step's latency chain.
+// Also tried and taken out: twice the warps for the same work, 512 threads a block (KPT 16 x S 32 at hidden 512, 128
+// registers, no spills: 16 warps an SM to hide the latencies ncu reports). Slower at every batch timed on the H100
+// (T = 30, graph): fp32 v4 batch 64 213.0 -> 225.2 us, batch 256 674.3 -> 686.5, v3 batch 1 65.7 -> 68.8; bf16 v4
+// batch 64 173.4 -> 179.2: the fifth shuffle level and the extra loop overhead cost more than the added warps hide.
+// What the fp32 goals missed at batch 8 and 256 are made of (notebook 03 prints it per run): the persistent kernel
+// alone is ahead of the goal at both; the kernels before it (cuBLAS's projection GEMM, the fill) and the launch gaps
+// are the margin.
 //
 // The exchange between steps (persistent.cuh), chosen by the binding per the plan: where a block owns one batch row
 // (batch <= 4 at hidden 512) the tagged h words, each polled until it carries the step's tag; above, the
