@@ -20,7 +20,8 @@
 // Also tried and taken out: twice the warps for the same work, 512 threads a block (KPT 16 x S 32 at hidden 512, 128
 // registers, no spills: 16 warps an SM to hide the latencies ncu reports). Slower at every batch timed on the H100
 // (T = 30, graph): fp32 v4 batch 64 213.0 -> 225.2 us, batch 256 674.3 -> 686.5, v3 batch 1 65.7 -> 68.8; bf16 v4
-// batch 64 173.4 -> 179.2: the fifth shuffle level and the extra loop overhead cost more than the added warps hide.
+// batch 64 173.4 -> 179.2. (Not profiled further; the candidates: a fifth shuffle level per pass, and half the FMAs
+// per loop and per shared load.)
 // What the fp32 goals missed at batch 8 and 256 are made of (notebook 03 prints it per run): the persistent kernel
 // alone is ahead of the goal at both; the kernels before it (cuBLAS's projection GEMM, the fill) and the launch gaps
 // are the margin.
@@ -29,9 +30,9 @@
 // (batch <= 4 at hidden 512) the tagged h words, each polled until it carries the step's tag; above, the
 // per-batch-slice step counters (a release add after the step's stores, an acquire spin before the next step's
 // loads); grid_sync: one grid.sync() a step. The three give the same bits. Measured on the H100 (fp32, T = 30,
-// graph): tagged ~10% faster than the counters at one row a block, 8-15% slower at two (batch 5..8) and about 2x
-// slower at batch 64 and 256; why two rows cost that much was not measured further (ncu of config 1 against 2 at
-// batch 8 is the next step).
+// graph, with the reader's all-words rounds: rowstep.cuh): tagged 11-12% faster than the counters at one row a block
+// (batch 1..4), 1-2% slower at two (batch 5..8), 11-17% slower at batch 12..16, 1.4x at 32, 1.7-2x at 64..256
+// (a thread's words come in rounds of four, each a dependent L2 round trip once the rows outnumber the threads).
 #include "rowstep.cuh"
 
 // cooperative_groups.h without the libcu++ headers it would pull in (cuda/std/type_traits, cuda/atomic): the unit
