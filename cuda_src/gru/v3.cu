@@ -32,7 +32,7 @@
 // loads); grid_sync: one grid.sync() a step. The three give the same bits. Measured on the H100 (fp32, T = 30,
 // graph, with the reader's all-words rounds: rowstep.cuh): tagged 11-12% faster than the counters at one row a block
 // (batch 1..4), 1-2% slower at two (batch 5..8), 11-17% slower at batch 12..16, 1.4x at 32, 1.7-2x at 64..256
-// (a thread's words come in rounds of four, each a dependent L2 round trip once the rows outnumber the threads).
+// (not profiled; there a thread reads its words in several rounds of four, one after another).
 #include "rowstep.cuh"
 
 // cooperative_groups.h without the libcu++ headers it would pull in (cuda/std/type_traits, cuda/atomic): the unit
