@@ -51,7 +51,6 @@ using GatesCuda = cudaError_t (*)(int dtype, const void* gi, int64_t ldgi, const
                                   int64_t ldho, int B, int H, cudaStream_t stream);
 using ProjCuda = cudaError_t (*)(int dtype, const void* x, const void* w, float* out, int M, int N, int K, int* zero,
                                  int nzero, cudaStream_t stream);
-using ZeroCuda = cudaError_t (*)(int* p, int n, cudaStream_t stream);
 using V3PlanCuda = int (*)(int B, int H, int* info);
 using V3Cuda = cudaError_t (*)(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0,
                                void* out, void* h_n, int T, int B, int H, int* counters, unsigned long long* hx,
@@ -227,22 +226,17 @@ void launch_proj(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, cons
 // v3..v6's input projection of every step, x (T*B, I) @ W_ih (3H, I)^T -> (T*B, 3H) fp32, and the step counters of
 // the launch that follows zeroed (`zero`, int32; undefined: none). float32 up to kOwnProjRows rows: one launch of
 // proj.cu's kernel does both (cuBLAS would take a split-K GEMM, its reduction and a fill: three kernels); otherwise
-// cuBLAS's GEMM, then proj.cu's zeroing kernel. *early (if given): whether the last kernel launched here is one of
-// proj.cu's, which let the persistent launch after them start early (cooperative.cuh: launch_cooperative).
+// cuBLAS's GEMM and a fill.
 bool own_proj(const at::Tensor& x) { return x.scalar_type() == at::kFloat && x.size(0) <= kOwnProjRows; }
 
-at::Tensor input_proj(const at::Tensor& x, const at::Tensor& w, const at::Tensor& zero, bool* early = nullptr) {
-  if (early) *early = own_proj(x) || (zero.defined() && zero.numel() > 0);
+at::Tensor input_proj(const at::Tensor& x, const at::Tensor& w, const at::Tensor& zero) {
   if (own_proj(x)) {
     at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options().dtype(at::kFloat));
     launch_proj(x, w, out, zero);
     return out;
   }
   at::Tensor out = proj(x, w);
-  if (zero.defined() && zero.numel() > 0)
-    LAB_CUDA_CHECK(lab::launcher<ZeroCuda>("gru_zero")(zero.data_ptr<int>(), lab::check_int32(zero.numel(), "counters"),
-                                                       LAB_STREAM()),
-                   "gru counter zeroing kernel");  // cuda_src/gru/proj.cu
+  if (zero.defined()) zero.zero_();
   return out;
 }
 
@@ -377,8 +371,7 @@ bool layer_cuda(int64_t version, int64_t config, Exchange ex, const at::Tensor& 
       version >= 3 && !grid_sync ? at::empty({tagged ? 4 * B * H : B}, in.options().dtype(at::kInt)) : at::Tensor();
   // (T*B, 3H): every step's input projection; v2: one cuBLAS GEMM, v3..v5: input_proj (few rows: proj.cu)
   const at::Tensor x2 = in.view({Tn * B, I});
-  bool early = false;  // v3/v4 may launch early behind proj.cu's kernels (input_proj)
-  const at::Tensor gi = version == 2 ? proj(x2, w_ih) : input_proj(x2, w_ih, xstate, &early);
+  const at::Tensor gi = version == 2 ? proj(x2, w_ih) : input_proj(x2, w_ih, xstate);
   if (version == 2) {
     const GatesCuda gru_gates = lab::launcher<GatesCuda>("gru_gates");  // cuda_src/gru/gates.cu
     for (int64_t t = 0; t < Tn; ++t) {
@@ -407,7 +400,7 @@ bool layer_cuda(int64_t version, int64_t config, Exchange ex, const at::Tensor& 
                         lab::check_int32(Tn, "seq_len"), b, h,
                         grid_sync || tagged ? nullptr : xstate.data_ptr<int>(),
                         tagged ? reinterpret_cast<unsigned long long*>(xstate.data_ptr<int>()) : nullptr,
-                        early, st),
+                        own_proj(x2), st),  // early behind proj.cu's launch (v3.cu: gru_v3)
                  version == 3 ? "gru v3 persistent kernel (cooperative launch)"
                               : "gru v4 persistent kernel (cooperative launch)");
   return true;

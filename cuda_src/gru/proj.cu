@@ -1,6 +1,5 @@
 // gru/proj.cu — the input projection x W_ih^T of v3..v6 when it has few rows (the fp32 encoder at batch 1..4: T*B
-// rows of x), with the persistent kernels' step counters zeroed in the same launch ("gru_proj"); and the counters'
-// zeroing alone where cuBLAS runs the projection ("gru_zero").
+// rows of x), with the persistent kernels' step counters zeroed in the same launch ("gru_proj").
 //
 // Why a kernel of our own for a GEMM cuBLAS already does: at batch 1 (x: 30 x 256, W_ih: 1536 x 256, fp32) the
 // whole projection is 11.8 MFLOP and 1.6 MB of W_ih, ~0.4 us of the chip's FMA pipes and ~0.5 us of HBM, but
@@ -195,23 +194,4 @@ cudaError_t gru_proj(int dtype, const void* x, const void* w, float* out, int M,
   }
 }
 
-// The exchange state of the persistent launch that follows, zeroed where cuBLAS ran the projection (proj_kernel zeroes
-// it itself): a kernel of our own rather than a fill, so that launch may start early behind it as it does behind
-// proj_kernel (launch_dependents first thing; cooperative.cuh). n > 0.
-namespace gru {
-__global__ void __launch_bounds__(256) zero_kernel(int* __restrict__ p, int n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-  for (int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x; i < n; i += int64_t(gridDim.x) * 256) p[i] = 0;
-}
-}  // namespace gru
-
-cudaError_t gru_zero(int* p, int n, cudaStream_t stream) {
-  if (n <= 0) return cudaErrorInvalidValue;
-  const int64_t blocks = lab::ceil_div(n, 256);
-  gru::zero_kernel<<<unsigned(blocks < 64 ? blocks : 64), 256, 0, stream>>>(p, n);
-  return cudaGetLastError();
-}
-
-LAB_EXPORTS(LAB_EXPORT("gru_proj", gru_proj), LAB_EXPORT("gru_zero", gru_zero))
+LAB_EXPORTS(LAB_EXPORT("gru_proj", gru_proj))

@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(kThreads, 1) gru_v3_kernel(const V3Args a) {
   // 2. Biases, the block's own h (fp32), and zeros in the pad columns of the h tile.
   init_state<T, Hb>(bias, hown, bih, bhh, h0, j0, b0, nb, Bb, H, tid);
   zero_pad<T>(hs, BC, Kp, H, tid);
-  // Launched early (behind one of proj.cu's kernels: gi and the zeroed exchange state are read from here on), the
-  // steps above overlapped that kernel's tail: W_hh (fp32: 3 MB across the blocks) was loading while it ran.
+  // Launched early (behind proj.cu, whose output gi and zeroed exchange state are read from here on), the steps
+  // above overlapped the projection's tail: W_hh (fp32: 3 MB across the blocks) was loading while it ran.
   wait_for_prior_grid();
 
   for (int t = 0; t < a.T; ++t) {
@@ -217,11 +217,10 @@ int gru_v3_plan(int B, int H, int* info) {
 
 // counters: at least batch ints, zeroed (the per-slice step counts); hx: (2, B, H) 64-bit words, zeroed (the tagged
 // exchange); both nullptr: grid.sync() each step. h_n: (B, H), the last step's h (written by the kernel: no copy
-// after it), or nullptr. early: the kernel before this launch in the stream is one of proj.cu's, launched plainly
-// (the projection that also zeroes the exchange state, or the zeroing after cuBLAS's projection GEMM): gi and the
-// zeroed state are complete once it is, so launch with programmatic dependent launch (cooperative.cuh). Measured on
-// the H100 (fp32, hidden 512, T = 30, graph), behind the projection: batch 1 71.2 -> 66.7 us, batch 4 74.9 -> 74.0
-// (its 120 rows of projection fill the SMs, so little of the launch overlaps).
+// after it), or nullptr. early: the kernel before this launch in the stream is proj.cu's, which wrote gi and zeroed
+// the exchange state: launch with programmatic dependent launch (cooperative.cuh). Measured on the H100 (fp32,
+// hidden 512, T = 30, graph): batch 1 71.2 -> 66.7 us, batch 4 74.9 -> 74.0 (its 120 rows of projection fill the
+// SMs, so little of the launch overlaps).
 cudaError_t gru_v3(const float* gi, const void* w_hh, const void* b_ih, const void* b_hh, const void* h0, void* out,
                    void* h_n, int T, int B, int H, int* counters, unsigned long long* hx, bool early,
                    cudaStream_t stream) {
