@@ -35,9 +35,10 @@ inline int coresident_blocks(const void* kernel, int smem, int* coresident) {
 // still runs, once that kernel's blocks have all executed griddepcontrol.launch_dependents (proj.cu does, first
 // thing). The kernel must then execute griddepcontrol.wait (gru::wait_for_prior_grid) before it touches anything the
 // kernel before it writes; the binding sets early only where that kernel is proj.cu, launched without this attribute,
-// so every older write in the stream is complete before either starts.
+// so every older write in the stream is complete before either starts. Before sm_90 the launch is a plain one.
 inline cudaError_t launch_cooperative(const void* kernel, int blocks, int smem, cudaStream_t stream, void** args,
                                       bool early = false) {
+  early = early && lab::device_attr<cudaDevAttrComputeCapabilityMajor>(0) >= 9;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
