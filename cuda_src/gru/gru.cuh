@@ -69,11 +69,12 @@
 //   - B <= 8: latency. The grid barrier (measured on this H100 to be a large share of a step), an L2 round trip for
 //     h_{t-1}, 32-FMA chains and the lane reduction, the gate math, and the barrier's fence waiting for h_t's stores:
 //     a few microseconds a step. The tagged exchange (persistent.cuh) takes the fence, the count and the second
-//     round trip off the chain: ~0.27 us a step at batch 1 (69.7 against 77.8 us for T = 30, fp32, graph), where a
-//     block owns one row; with two rows a block it measured slower, so the plan keeps the counters there. The goal
-//     is 3x cuDNN at B = 1 and 8: met at batch 1, missed at batch 8 (results/ has the margins). Below this needs a
-//     cheaper exchange at two rows a block (or a thread block cluster sharing h through distributed shared memory),
-//     not faster arithmetic.
+//     round trip off the chain where a block owns one row (11-12% faster than the counters at batch 1..4, fp32,
+//     graph); with two rows a block it measures 1-2% slower, so the plan keeps the counters there (v3.cu's header).
+//     Behind proj.cu the launch starts early and loads W_hh while the projection runs (v3.cu: gru_v3). The goal is 3x
+//     cuDNN at B = 1 and 8: met at batch 1, missed at batch 8, where the persistent kernel alone is ahead of 3x and
+//     the kernels before it (cuBLAS's projection, the fill) and the launch gaps are the margin (notebook 03 prints
+//     the split per run).
 //   - B = 128: the FP32 FMA pipe. 2*B*3H*H = 201 MFLOP a step over 128 SMs at 128 FMA/clk/SM and the datasheet's
 //     1.98 GHz boost (64.9 TFLOP/s) is ~3.1 us; the L2 reads of h (each block its Bb = 32 rows, 64 KB) take ~1.5 us
 //     (an estimate); plus the barrier. v3 beats cuDNN here, but with the input-projection GEMM (3 GFLOP of strict
