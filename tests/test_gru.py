@@ -70,6 +70,10 @@ def test_v3_plan_splits_hidden_512_over_the_chip():
         assert p["batch_slices"] * p["rows_per_block"] >= B
     assert kgru.v3_plan(1, 2048)["status"] == 1
     assert kgru.v3_plan(128, 512, version="v4") == kgru.v3_plan(128, 512)
+    # the default exchange: the tagged h words where a block owns one batch row (batch 1 at hidden 512 on any GPU
+    # that holds the 32 blocks), the step counters where it owns several (batch 256 spreads over at most 132 SMs)
+    assert kgru.v3_plan(1, 512)["exchange"] == "tagged"
+    assert kgru.v3_plan(256, 512)["exchange"] == "counters"
 
 
 # proj.cu, the input projection v3..v6 run for few rows: the encoder's shapes at batch 1 and 8, the 32-wide tile's

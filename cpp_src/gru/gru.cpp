@@ -884,6 +884,8 @@ py::dict v3_plan(int64_t batch, int64_t hidden, int64_t dtype_code_, int64_t ver
   d["status"] = status;  // 0 fits; 1 hidden too large; 2 batch slice too big for shared memory; 3 not co-resident;
                          // 4 no cooperative launch; 5 a CUDA error while asking
   for (int i = 0; i < 10; ++i) d[kInfoNames[i]] = info[i];
+  // the exchange between steps gru() runs by default at this split (config -1, no grid_sync)
+  d["exchange"] = v3_exchange(false, -1, info[5]) == Exchange::kTagged ? "tagged" : "counters";
 #else
   LAB_NO_CUDA_BUILD("v3_plan");
 #endif

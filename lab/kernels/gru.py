@@ -107,7 +107,8 @@ def input_projection(x: torch.Tensor, w: torch.Tensor, zero: torch.Tensor | None
 
 def v3_plan(batch: int, hidden: int, dtype: torch.dtype = torch.float32, version: str = "v3") -> dict:
     """How v3 (or v4: the same split) divides the work on this GPU: units per block, batch slices, shared memory,
-    blocks, and whether all blocks fit on the chip at once (status 0). The binding names the fields."""
+    blocks, whether all blocks fit on the chip at once (status 0), and the exchange between steps gru() runs there by
+    default ('tagged' where a block owns one batch row, else 'counters'). The binding names the fields."""
     return dict(ext().v3_plan(batch, hidden, DTYPE_CODE[dtype], version_number(version)))
 
 
