@@ -332,9 +332,7 @@ void forward_v6(const at::Tensor& x, const at::Tensor& h0, const std::vector<at:
 
 // How v3..v5's blocks meet between steps (persistent.cuh): one grid.sync() (grid_sync=True), the per-batch-slice
 // step counters, or (v3/v4) the tagged h words. v3/v4's plan choice (config -1): tagged where a block owns one batch
-// row, counters above. Measured on the H100 (fp32 and bf16, hidden 512, T = 30, graph): tagged 8-12% faster at one
-// row a block (batch 1..4: 69.7 against 77.8 us at batch 1 fp32), 8-15% slower at two (batch 5..8) and about twice
-// as slow at batch 64 and 256, where each thread polls many words one round trip after another.
+// row, counters above (what each costs at one, two and many rows a block, measured on the H100: v3.cu's header).
 enum class Exchange { kGrid, kCounters, kTagged };
 
 Exchange v3_exchange(bool grid_sync, int64_t config, int rows_per_block) {
@@ -959,7 +957,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "to 0 in the same launch)");
   m.def("v3_plan", lab::bind(v3_plan),
         "v3_plan(batch, hidden, dtype_code, version) -> {status, kpt, lanes_per_unit, units_per_block, hidden_slices, "
-        "batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, max_coresident}");
+        "batch_slices, rows_per_block, rows_per_chunk, smem_bytes, blocks, max_coresident, exchange}");
   m.def("v5_plan", lab::bind(v5_plan),
         "v5_plan(batch, hidden, dtype_code, config) -> {status, config, units_per_block, rows_per_chunk, k_split, "
         "hidden_slices, batch_slices, rows_per_block, k_padded, smem_bytes, blocks, max_coresident, cost_ns}");
