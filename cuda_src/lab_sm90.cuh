@@ -71,6 +71,41 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 #endif
 }
 
+// ---- TMA store: shared memory at src -> the box at (c0, c1) of the tensor map, in the calling thread's bulk group.
+// The shared memory must be written (generic proxy) and fenced (fence.proxy.async) before; the thread then commits
+// the group and waits for it to have read its source (bulk_wait_read) before that memory is written again. ----
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, int c0, int c1, uint32_t src) {
+#ifdef LAB_SM90A
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(src)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#ifdef LAB_SM90A
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {  // at most N groups still reading their shared source
+#ifdef LAB_SM90A
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {  // at most N groups not yet complete (their writes visible)
+#ifdef LAB_SM90A
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Generic-proxy writes to shared memory made visible to the async proxy (wgmma operands, TMA store sources).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#ifdef LAB_SM90A
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // ---- wgmma's asynchronous window ----
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef LAB_SM90A

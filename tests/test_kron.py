@@ -229,7 +229,7 @@ def test_bad_input_says_what_is_wrong(version, device):
         K.kron(x, [w3, torch.randn(4, 3, device=device)], version)
     with pytest.raises(TypeError, match=r"factors\[0\] must have the same dtype as x \(Float\), got Double"):
         K.kron(x, [w3.double(), w4], version)
-    with pytest.raises(TypeError, match=r"x must be Float, Double or BFloat16 \(versions v3, v4 only\), got Int"):
+    with pytest.raises(TypeError, match=r"x must be Float, Double or BFloat16 \(versions v3, v4, v5 only\), got Int"):
         K.kron(x.int(), [w3, w4], version)
     with pytest.raises(ValueError, match=r"factors must be a non-empty list of square matrices"):
         K.kron(x, [], version)
@@ -287,7 +287,7 @@ def test_bfloat16_is_for_the_tensor_core_versions_only():
     # the C++ boundary says which versions take bfloat16 (3 and 4; 0-2 are SIMT / CPU code in float32 and float64)
     x, *ws = _inputs(2, "2x3", torch.bfloat16, "cpu")
     for v in (0, 1, 2):
-        with pytest.raises(TypeError, match=r"kron: x is BFloat16, which only versions 3 and 4 \(tensor cores\) take"):
+        with pytest.raises(TypeError, match=r"kron: x is BFloat16, which only versions 3, 4 and 5 \(tensor cores\) take"):
             K.ext().forward(x, ws, torch.empty_like(x), [], v, -1, 0)
     with pytest.raises(TypeError, match=r"x must be Float or BFloat16, got Double"):  # and v3 no float64
         K.ext().forward(x.double(), [w.double() for w in ws], torch.empty_like(x.double()), [], 3, -1, 0)
@@ -339,44 +339,71 @@ def test_v3_falls_back_where_nothing_fits(dtype):
     verify.assert_close(out, ref, dtype, what="v3 fallback")
 
 
-# v4: two factors, each a multiple of 64 (192 and 320: not powers of two), every slice width
+# v4 and v5: two factors, each a multiple of 64 (192 and 320: not powers of two), every slice width. v5 (bf16 only)
+# takes factors up to 256 whose samples fit its ring; float32, 256x256 and 64x320 go to v3 (the `tried == 0` branch).
+# Batches 300, 135 and 1000 give a block more samples than v5's ring has slots: the slots are reused.
 V4_SHAPES = [(3, "128x128"), (2, "64x64"), (1, "256x256"), (5, "64x128"), (2, "128x64"), (3, "192x64"), (1, "64x320"),
-             (33, "128x128"), (300, "128x128"), (135, "64x128")]  # more samples than blocks: the persistent loop
+             (33, "128x128"), (300, "128x128"), (135, "64x128"), (1000, "128x128"), (7, "256x64"), (4, "64x256"),
+             (2, "192x192")]
 
 
 @needs_gpu
+@pytest.mark.parametrize("version", ["v4", "v5"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch,factors", V4_SHAPES)
-def test_v4_every_slice_width(batch, factors, dtype):
-    x, *ws = _inputs(batch, factors, dtype, "cuda", seed=10)
+def test_v4_v5_every_slice_width(batch, factors, dtype, version):
+    x, *ws = _inputs(batch, factors, dtype, "cuda", seed=10 + batch)
     ref = K.kron_ref(x.double(), *[w.double() for w in ws])
     prec = "tf32" if dtype == torch.float32 else None
     f2 = K.parse_factors(factors)[-1]
     tried = 0
     for cols in [c for c in (64, 128, 192, 256, 320) if f2 % c == 0]:
-        p = K.plan(batch, factors, dtype, "cuda", cols=cols, version="v4")
+        p = K.plan(batch, factors, dtype, "cuda", cols=cols, version=version)
         if not p["fits"]:
             continue
         assert p["c"] == cols and p["slices"] == f2 // cols
         tried += 1
-        out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v4", cols=cols)
-        verify.assert_close(out, ref, dtype, precision=prec, what=f"v4 {dtype} c={cols}")
-    if not tried:  # over shared memory (fp32 256x256: X_bᵀ alone is 256 KB) or the prefetch registers: v3 runs
-        assert not K.plan(batch, factors, dtype, "cuda", version="v4")["fits"]
-    verify.assert_close(K.forward(x, ws, out=torch.full_like(x, math.nan), version="v4"), ref, dtype, precision=prec,
-                        what="v4 (planned)")
+        out = K.forward(x, ws, out=torch.full_like(x, math.nan), version=version, cols=cols)
+        verify.assert_close(out, ref, dtype, precision=prec, what=f"{version} {dtype} c={cols}")
+    if not tried:  # over shared memory (fp32 256x256: X_bᵀ alone is 256 KB), the prefetch registers, v5 on float32
+        assert not K.plan(batch, factors, dtype, "cuda", version=version)["fits"]
+    if version == "v5" and dtype == torch.bfloat16 and factors in ("128x128", "64x64", "64x128", "192x64"):
+        assert tried, f"v5 should take bfloat16 {factors}"
+    verify.assert_close(K.forward(x, ws, out=torch.full_like(x, math.nan), version=version), ref, dtype,
+                        precision=prec, what=f"{version} (planned)")
 
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("batch,factors", [(3, "13x17"), (2, "8x16x32"), (2, "64x96"), (1, "100x64")])
-def test_v4_runs_v3_where_it_does_not_apply(batch, factors, dtype):
-    # three factors, or a factor that is not a multiple of 64: v4's plan does not fit and the result is v3's
+@pytest.mark.parametrize("version", ["v4", "v5"])
+@pytest.mark.parametrize("batch,factors", [(3, "13x17"), (2, "8x16x32"), (2, "64x96"), (1, "100x64"), (2, "64x64x64")])
+def test_v4_v5_run_v3_where_they_do_not_apply(batch, factors, dtype, version):
+    # three factors, or a factor that is not a multiple of 64: the plan does not fit and the result is v3's
     x, *ws = _inputs(batch, factors, dtype, "cuda", seed=11)
-    assert not K.plan(batch, factors, dtype, "cuda", version="v4")["fits"]
+    assert not K.plan(batch, factors, dtype, "cuda", version=version)["fits"]
     ref = K.kron_ref(x.double(), *[w.double() for w in ws])
-    out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v4")
-    verify.assert_close(out, ref, dtype, precision="tf32" if dtype == torch.float32 else None, what="v4 -> v3")
+    out = K.forward(x, ws, out=torch.full_like(x, math.nan), version=version)
+    verify.assert_close(out, ref, dtype, precision="tf32" if dtype == torch.float32 else None,
+                        what=f"{version} -> v3")
+
+
+@needs_gpu
+def test_v5_propagates_nan_and_takes_offset_views():
+    # a NaN in one sample reaches that sample's outputs and no other's; an output view 16 B into a larger buffer
+    x, *ws = _inputs(6, "128x128", torch.bfloat16, "cuda", seed=12)
+    assert K.plan(6, "128x128", torch.bfloat16, "cuda", version="v5")["fits"]
+    x[4, 777] = math.nan
+    buf = torch.full((6 * 16384 + 8,), math.nan, dtype=torch.bfloat16, device="cuda")
+    out = K.forward(x, ws, out=buf[8:].view(6, 16384), version="v5")
+    assert torch.isnan(out[4]).any() and torch.isfinite(out[[0, 1, 2, 3, 5]]).all()
+    keep = [0, 1, 2, 3, 5]
+    verify.assert_close(out[keep], K.kron_ref(x[keep].double(), *[w.double() for w in ws]), torch.bfloat16,
+                        what="v5 beside a NaN sample")
+    # 2 bytes off the 16-byte alignment TMA needs: the binding sends it to v3, same result
+    x[4, 777] = 0.0
+    ref = K.kron_ref(x.double(), *[w.double() for w in ws])
+    odd = torch.full((6 * 16384 + 1,), math.nan, dtype=torch.bfloat16, device="cuda")[1:].view(6, 16384)
+    verify.assert_close(K.forward(x, ws, out=odd, version="v5"), ref, torch.bfloat16, what="v5, misaligned out")
 
 
 @needs_gpu
@@ -415,7 +442,7 @@ def test_default_reads_the_tuning_table_by_gpu_build_dtype_factors_and_nearest_b
     assert look("H100 | abc", torch.float64, 32) == "v2"           # untuned dtype
     # a float32 call never defaults to a TF32 version, a bfloat16 one never to a strict-fp32 one
     assert set(K.DEFAULT_CANDIDATES[torch.float32]) == {"v1", "v2"} and \
-        set(K.DEFAULT_CANDIDATES[torch.bfloat16]) == {"v3", "v4"}
+        set(K.DEFAULT_CANDIDATES[torch.bfloat16]) == {"v3", "v4", "v5"}
 
 
 def test_the_tuning_table_file_round_trips(tmp_path, monkeypatch):

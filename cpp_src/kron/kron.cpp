@@ -7,7 +7,8 @@
 // tensors: cpp_src/kron/cpu.cpp); 1 = one CUDA kernel per factor (cuda_src/kron/v1.cu); 2 = the fused CUDA kernel
 // (cuda_src/kron/v2.cu, planned and launched by v2_plan.cu; v1 where it does not fit); 3 = v2's fusion on tensor
 // cores (cuda_src/kron/v3.cu: TF32 on Float tensors, bf16 on BFloat16 ones; forward only); 4 = two factors on wgmma
-// (cuda_src/kron/v4.cu; v3 where it does not apply); the backward of 1 and 2
+// (cuda_src/kron/v4.cu; v3 where it does not apply); 5 = v4's steps fed by TMA (cuda_src/kron/v5.cu: BFloat16 only;
+// v3 where it does not apply, Float tensors included); the backward of 1 and 2
 // is cuda_src/kron/backward.cu. The CPU code computes the same steps as the CUDA code (see the header of
 // cuda_src/kron/kron.cuh for the algebra):
 //   forward   F-step  y[b] (P, f) = x[b]ᵀ (f, P)ᵀ · W          — for W_K, …, W_1 in turn
@@ -57,7 +58,7 @@ Sizes check_layer(const at::Tensor& x, const std::vector<at::Tensor>& factors, i
     lab::check_dtype(x, "x", {at::kFloat, at::kBFloat16});
   } else {
     lab::check_defined(x, "x");
-    LAB_CHECK_TYPE(x.scalar_type() != at::kBFloat16, "kron: x is BFloat16, which only versions 3 and 4 (tensor cores) "
+    LAB_CHECK_TYPE(x.scalar_type() != at::kBFloat16, "kron: x is BFloat16, which only versions 3, 4 and 5 (tensor cores) "
                    "take; versions 0-2 take Float or Double");
     lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
   }
@@ -212,10 +213,16 @@ void v4_plan(at::ScalarType dt, const Sizes& s, int64_t cols, int64_t* info) {
   lab::launcher<V3Plan>(lab::cat("kron_v4_plan@", lab::dtype_suffix(dt)))(s.B, s.N, s.f.data(), int(s.f.size()),
                                                                           int(cols), info);
 }
+// Version 5 (TMA-fed wgmma; built for bf16 only): its plan, or fits = 0 where it does not apply (Float tensors too).
+void v5_plan(at::ScalarType dt, const Sizes& s, int64_t cols, int64_t* info) {
+  std::fill(info, info + kron::kPlanFields, int64_t(0));
+  if (dt != at::kBFloat16) return;
+  lab::launcher<V3Plan>("kron_v5_plan@bf16")(s.B, s.N, s.f.data(), int(s.f.size()), int(cols), info);
+}
 #endif
 
-// Versions 3 and 4 (tensor cores: TF32 on Float, bf16 on BFloat16). Version 4 runs where its plan fits, else version
-// 3; where no configuration of version 3 fits in shared memory it runs version 2: on Float tensors as they are
+// Versions 3, 4 and 5 (tensor cores: TF32 on Float, bf16 on BFloat16). Versions 4 and 5 run where their plans fit,
+// else version 3; where no configuration of version 3 fits in shared memory it runs version 2: on Float tensors as they are
 // (strict fp32, more precise than asked), on BFloat16 ones through Float copies (rounded back once, at the end).
 at::Tensor forward_tc(const at::Tensor& x, const std::vector<at::Tensor>& factors, at::Tensor out, const Sizes& s,
                       int64_t version, int64_t cfg, int64_t cols) {
@@ -226,15 +233,23 @@ at::Tensor forward_tc(const at::Tensor& x, const std::vector<at::Tensor>& factor
   int64_t info[kron::kPlanFields];
   std::vector<const void*> w;
   for (const auto& t : factors) w.push_back(t.data_ptr());
-  if (version == 4) {
-    v4_plan(dt, s, cols, info);
+  // v4 and v5 read and write 16-byte vectors (TMA boxes in v5): an operand off that alignment (a view into a larger
+  // buffer) goes to v3, which has element paths for it
+  auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  bool aligned = a16(x.data_ptr()) && a16(out.data_ptr());
+  for (const void* p : w) aligned = aligned && a16(p);
+  if ((version == 4 || version == 5) && aligned) {
+    if (version == 4)
+      v4_plan(dt, s, cols, info);
+    else
+      v5_plan(dt, s, cols, info);
     if (info[kron::kFits]) {
-      auto fn = lab::launcher<V3Forward>(lab::cat("kron_v4_forward@", lab::dtype_suffix(dt)));
+      auto fn = lab::launcher<V3Forward>(lab::cat("kron_v", version, "_forward@", lab::dtype_suffix(dt)));
       LAB_CUDA_CHECK(fn(x.data_ptr(), out.data_ptr(), w.data(), s.f.data(), K, s.B, s.N, int(cols), LAB_STREAM()),
-                     "kron v4 forward kernel");
+                     version == 4 ? "kron v4 forward kernel" : "kron v5 forward kernel");
       return out;
     }
-    cols = 0;  // v4's slice width means nothing to v3
+    cols = 0;  // a wgmma version's slice width means nothing to v3
   }
   v3_plan(dt, s, cfg, cols, info);
   if (!info[kron::kFits]) {
@@ -265,7 +280,7 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
   const Sizes s = check_layer(x, factors, version);
   check_like(out, "out", x, {s.B, s.N}, "(batch, N)");
   check_states(states, x, s, false);
-  lab::check_version(x, "x", version, 1, 4, "kron");
+  lab::check_version(x, "x", version, 1, 5, "kron");
   LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
   LAB_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
   if (version >= 3) {
@@ -378,7 +393,7 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
 // version 3: (x Float or BFloat16) what v3 would launch; cfg 0..1 forces a configuration
 py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t cfg, int64_t cols,
                     int64_t version) {
-  LAB_CHECK_VALUE(version >= 2 && version <= 4, "fused_plan: version must be 2, 3 or 4, got ", version);
+  LAB_CHECK_VALUE(version >= 2 && version <= 5, "fused_plan: version must be 2, 3, 4 or 5, got ", version);
   if (version >= 3)
     lab::check_dtype(x, "x", {at::kFloat, at::kBFloat16});
   else
@@ -407,6 +422,8 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
     s.f = f;
     if (version == 4)
       v4_plan(x.scalar_type(), s, cols, info.data());  // fits = 0: v4 does not apply and runs v3
+    else if (version == 5)
+      v5_plan(x.scalar_type(), s, cols, info.data());  // the same for v5
     else
       v3_plan(x.scalar_type(), s, cfg, cols, info.data());
   } else {
@@ -424,7 +441,7 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Kronecker-factored linear layer y = x (W_K kron ... kron W_1); version 0 = C++ CPU code, 1 = per-factor "
-            "CUDA kernels, 2 = fused CUDA kernel, 3 = fused on tensor cores (TF32 / bf16), 4 = two factors on wgmma";
+            "CUDA kernels, 2 = fused CUDA kernel, 3 = fused on tensor cores (TF32 / bf16), 4 = two factors on wgmma, 5 = wgmma fed by TMA (bf16)";
   m.def("forward", lab::bind(forward),
         "forward(x, factors, out, states, version, cfg, cols) -> out = x (W_K kron ... kron W_1)");
   m.def("backward", lab::bind(backward),

@@ -18,6 +18,8 @@ C++ CPU version). Versions (ours):
               only (where no configuration fits: v2, on float32 copies for bfloat16)
   v4          CUDA: two factors (multiples of 64) on wgmma, operands staged K-major in the 128-byte swizzle; v3
               elsewhere
+  v5          CUDA: v4's two wgmma steps fed by TMA (bfloat16: x and the factors MN-major as they lie in memory, a
+              ring of samples in flight, y out by TMA store); v3 elsewhere, float32 included
 Baselines (PyTorch, named for what they run):
   torch       what one writes first: per factor reshape / matmul / movedim (every reshape of the moved view copies)
   torch.bmm   one strided-batched GEMM (torch.bmm) per factor, the axis move folded into the operand layout (no
@@ -47,9 +49,9 @@ from ._common import elem_size, matmul_tf32, randn, strict_fp32
 
 FAMILY = "kron"
 MAX_FACTORS = 16  # as in cuda_src/kron/kron.cuh
-KERNELS = ("cpu", "v1", "v2", "v3", "v4")
+KERNELS = ("cpu", "v1", "v2", "v3", "v4", "v5")
 TORCH_VERSIONS = ("torch", "torch.bmm", "torch.bmm.tf32", "torch.kron")  # baselines
-TENSOR_CORE = ("v3", "v4")  # TF32 on float32 tensors, bf16 on bfloat16 ones; forward only
+TENSOR_CORE = ("v3", "v4", "v5")  # TF32 on float32 tensors, bf16 on bfloat16 ones; forward only
 
 
 def ext():
@@ -100,7 +102,7 @@ def check_inputs(x: torch.Tensor, factors: Sequence[torch.Tensor]) -> tuple[int,
         raise TypeError("factors must be a list of square matrices [W_1, …, W_K], got a single tensor")
     factors = list(factors)
     if x.dtype not in (torch.float32, torch.float64, torch.bfloat16):
-        raise TypeError(f"x must be Float, Double or BFloat16 (versions v3, v4 only), got {_tname(x.dtype)}")
+        raise TypeError(f"x must be Float, Double or BFloat16 (versions v3, v4, v5 only), got {_tname(x.dtype)}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (batch, N), got {x.dim()}-D tensor of shape {_shape(x)}")
     if not factors:
@@ -208,8 +210,8 @@ def _backward_default(x: torch.Tensor) -> str:
 # the family's CUDA build (every source, header and flag: an edit makes the old entries invisible), then by dtype and
 # factor sizes, then by batch. A batch not in the table takes the entry of the nearest tuned batch (log scale). The
 # candidates keep the dtype's precision: float32 and float64 choose among v1/v2 (strict fp32/fp64: the default never
-# switches a float32 call to TF32), bfloat16 among v3/v4. Without an entry: v2, and v3 for bfloat16.
-DEFAULT_CANDIDATES = {torch.float32: ("v1", "v2"), torch.float64: ("v1", "v2"), torch.bfloat16: ("v3", "v4")}
+# switches a float32 call to TF32), bfloat16 among v3/v4/v5. Without an entry: v2, and v3 for bfloat16.
+DEFAULT_CANDIDATES = {torch.float32: ("v1", "v2"), torch.float64: ("v1", "v2"), torch.bfloat16: ("v3", "v4", "v5")}
 STATIC_DEFAULT = {torch.bfloat16: "v3"}  # else v2
 TUNE_FILE = "kron_tune.json"
 _table_cache: dict[Path, tuple[float, dict]] = {}
@@ -371,9 +373,9 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
     """y = x · (W_K ⊗ … ⊗ W_1), differentiable in x and every factor.
 
     x: (batch, N); factors: [W_1, …, W_K], W_k (f_k, f_k), N = f_1·…·f_K, W_1 on the fastest axis of x.
-    version: 'cpu', 'v1', 'v2', 'v3', 'v4' (compiled; default: cpu on the CPU, on CUDA the fastest of the dtype's
+    version: 'cpu', 'v1', 'v2', 'v3', 'v4', 'v5' (compiled; default: cpu on the CPU, on CUDA the fastest of the dtype's
     precision from the tuning table tune_default writes, else v2, v3 for bfloat16) or a PyTorch baseline: 'torch',
-    'torch.bmm', 'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2 take float32/float64, v3/v4 float32 (TF32) and bfloat16.
+    'torch.bmm', 'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2 take float32/float64, v3/v4/v5 float32 (TF32) and bfloat16.
     """
     check_inputs(x, factors)
     version = version or default_version(x, factors)
@@ -420,8 +422,8 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
          budget_ms: float = 40.0, version: str = "v2") -> list[dict]:
     """Time every (configuration, slice width) of a fused version that fits, against its automatic choice: rows
     (version, cfg, c, slices, blocks_per_sm, smem_bytes, median_us, auto). version "v2" (float32/float64) also times
-    v1 in every configuration; "v3" (float32 in TF32, bfloat16) its two configurations; "v4" its slice widths (where
-    v4 does not apply, nothing but the automatic row, which then times v3)."""
+    v1 in every configuration; "v3" (float32 in TF32, bfloat16) its two configurations; "v4" and "v5" their slice widths
+    (where they do not apply, nothing but the automatic row, which then times v3)."""
     sizes = parse_factors(sizes)
     g = torch.Generator().manual_seed(0)
     x, *fs = make_forward_inputs({"batch": batch, "factors": factors_label(sizes)}, dtype, torch.device(device), g)
@@ -437,9 +439,9 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
     fK = sizes[-1]
     q = 8 if version == "v3" else 4  # slice widths are multiples of this
     cs = sorted({(-(-fK // n) + q - 1) // q * q for n in (1, 2, 4, 8, 16, 32) if -(-fK // n) >= 1}, reverse=True)
-    if version == "v4":  # multiples of 64 that divide f_K
+    if version in ("v4", "v5"):  # multiples of 64 that divide f_K
         cs = [c for c in range(fK, 63, -64) if fK % c == 0]
-    for cfg in range({"v3": 2, "v4": 1}.get(version, 3)):
+    for cfg in range({"v3": 2, "v4": 1, "v5": 1}.get(version, 3)):
         for c in cs:
             p = plan(batch, sizes, dtype, device, cfg, c, version=version)
             if not p["fits"] or p["c"] != c:
@@ -532,6 +534,7 @@ IDEAS = {
     "v2": "CUDA: one fused kernel, the sample's state in shared memory from W_K to W_1",
     "v3": "CUDA: v2's fusion on tensor cores (mma.sync TF32 / bf16, ldmatrix), the state stored in the next A layout",
     "v4": "CUDA: two factors on wgmma: x, W staged transposed into swizzled K-major tiles, the state kept on chip",
+    "v5": "CUDA: v4's wgmma steps fed by TMA: operands MN-major as in memory, samples in flight, y out by TMA store",
     "torch": "PyTorch as one writes it: reshape / matmul / movedim per factor (a copy per factor)",
     "torch.bmm": "PyTorch: one strided-batched GEMM per factor, axis move folded into the operand layout",
     "torch.bmm.tf32": "torch.bmm with TF32 on (cuBLAS TF32): v3's baseline on float32 tensors",

@@ -1,0 +1,344 @@
+// kron/v5.cu — version 5: v4's two wgmma steps fed by TMA, with no operand staged by the threads (bf16).
+//
+// v4 (v4.cu) puts both products on wgmma, but its threads stage every operand: x[b] and the factors are loaded into
+// registers and stored transposed, element by element, into K-major tiles (TF32 wgmma takes nothing else). At batch
+// 1024 that staging, four block-wide barriers a sample and a prefetch of one sample in registers made it slower than
+// v3's mma.sync (results/: bf16 91.8 against 80.4 us). bf16 wgmma also reads "MN-major" operands (the transpose bits
+// of the instruction), and those are the layouts x and the factors already have in memory. So here:
+//  - the tensor memory accelerator copies x[b], W_2's slice and W_1 into shared memory as they are (64-element
+//    boxes, 128-byte swizzle), and one thread keeps a ring of `slots` samples in flight (an mbarrier per slot);
+//  - the factors are loaded once per block (one persistent block per SM walks its samples);
+//  - the state between the factors and the output tile go from the accumulators to shared memory with
+//    stmatrix.trans (one instruction per four 8×8 blocks, already in the layout the next step and the TMA store
+//    read), and y leaves by TMA store while the next sample is multiplied.
+//
+// The algebra (K = 2; y[b] = W_2ᵀ · X_b · W_1, X_b = x[b] read as (f_2, f_1); kron.cuh): a block owns the c columns
+// j0.. of W_2 (a slice; c = 64 or 128) and, per sample,
+//   step 1  Tᵀ (f_1 × c) = X_bᵀ · W_2[:, j0:j0+c]    A = X_b (M = p, K = i, MN-major), B = W_2 slice (N-major)
+//   step 2  Yᵀ (f_1 × c) = W_1ᵀ · Tᵀ                  A = W_1 (M = n, K = p, MN-major), B = Tᵀ (K-major, ours)
+//   y[b][(j0 + j)·f_1 + n] = Y[j][n]
+// Both steps have M = f_1 (64-row tiles, shared by the two warpgroups) and N = c. T is rounded to bf16 between the
+// steps, as cuBLAS-factorwise rounds its intermediate.
+//
+// Napkin math (H100 SXM, bf16, 128 × 128, c = 128): per sample 2 · 128³ = 4.2 M MAC, 32 KB of x in and 32 KB of y
+// out. Batch 1024 on 132 SMs: 7.8 samples an SM; the 67 MB of x and y take 20 us at 3.35 TB/s, the multiplies 9 us at
+// the dense bf16 rate (17 us at half of it). Shared memory: slots × 32 KB of x, W_2 slice 32, W_1 32, T/Y 32 KB:
+// 4 slots = 224 KB. Three samples in flight an SM (96 KB) are more than the ~40 KB Little's law asks of an SM for
+// 3.35 TB/s at ~1.5 us of latency. Batch 32: c = 64 gives 64 blocks of one (sample, half) each; the floor there is
+// one HBM round trip for x and the factors plus the two steps' latency.
+//
+// Scope: K = 2, f_1 and f_2 multiples of 64 up to 256 (a TMA box has at most 256 rows), bfloat16, an sm_90 device
+// (wgmma; the module is built for sm_90a); elsewhere the plan says fits = 0 and the binding runs v3. float32 (TF32)
+// is not here: TF32 wgmma takes only K-major shared operands, and x[b] is MN-major in step 1 whichever way the
+// product is written, so it would need x through registers (v3's mma.sync path does that).
+// lab:variants dtype=bf16
+#include "kron.cuh"
+#include "lab_sm90.cuh"
+#include "plan_info.h"
+
+#include <cuda_bf16.h>
+
+#include <climits>
+
+namespace kron {
+namespace tma {
+
+using Elem = __nv_bfloat16;
+constexpr int E = int(sizeof(Elem));
+constexpr int kBox = 128 / E;   // elements in one 128-byte row: the box width and the swizzle atom (64)
+constexpr int kStepK = 16;      // k per wgmma (32 bytes of bf16)
+constexpr int kWarpgroups = 2;  // both consume; thread 0 also issues the copies
+constexpr int kBlockThreads = 128 * kWarpgroups;
+constexpr int kMaxSlots = 4;
+constexpr int kMaxF = 256;  // TMA box rows
+constexpr int kMaxMT = 2;   // 64-row tiles a warpgroup holds: f_1 <= 256
+
+struct Args {
+  long B;
+  int f1, f2, nslices, slots;
+  uint32_t slot_bytes, off_w2, off_w1, off_t, off_bar;  // byte offsets from the 1024-aligned base (slots at 0)
+};
+
+// Shared-memory matrix descriptor, 128-byte swizzle: SBO = 1024 (8 rows of 128 B); LBO = the stride between 64-element
+// blocks along M/N for MN-major operands (unused by K-major ones). Canonical layouts: the PTX ISA's wgmma section.
+__device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo) {
+  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+// D (64 × NC, fp32) (+)= A (64 × 16) · B (16 × NC) from shared memory; TA/TB = 1: the operand is MN-major.
+#define KRON_V5_REGS32                                                                                                \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+template <int NC, int TA, int TB>
+__device__ __forceinline__ void mma(float* d, uint64_t da, uint64_t db, int scale_d) {
+#ifdef LAB_SM90A
+  if constexpr (NC == 128) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" LAB_WG_REGS64
+                 "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+                 : LAB_WG_ACC64(d)
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+  } else {
+    static_assert(NC == 64, "slices of 64 or 128 columns");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" KRON_V5_REGS32
+                 "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+                 : LAB_WG_ACC8(d, 0), LAB_WG_ACC8(d, 8), LAB_WG_ACC8(d, 16), LAB_WG_ACC8(d, 24)
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+  }
+#endif
+}
+
+// The warpgroup index through a shuffle, so that ptxas knows it is warp-uniform (v4.cu says why it matters).
+__device__ __forceinline__ int warpgroup() { return __shfl_sync(0xffffffffu, int(threadIdx.x) >> 7, 0); }
+
+// One step: the warpgroup's tiles (m-tile wg + 2i, i < tiles) over nk k-steps; ad(i, ks), bd(ks) give descriptors.
+template <int NC, int TA, int TB, class AD, class BD>
+__device__ __forceinline__ void step(float (&acc)[kMaxMT][NC / 2], int tiles, int nk, AD&& ad, BD&& bd) {
+  lab::wgmma_fence();
+  for (int ks = 0; ks < nk; ++ks) {
+    const uint64_t db = bd(ks);
+#pragma unroll
+    for (int i = 0; i < kMaxMT; ++i)
+      if (i < tiles) mma<NC, TA, TB>(acc[i], ad(i, ks), db, ks > 0);
+  }
+  lab::wgmma_commit();
+  lab::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < kMaxMT; ++i) lab::fence_regs<NC / 2>(acc[i]);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ void stsm_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#ifdef LAB_SM90A
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+#endif
+}
+
+// The accumulators of m-tile mt (rows m = 64·mt + 16·warp + g + 8h, columns j = 8·jn + 2t + u) into the buffer as
+// rows j, m contiguous: one 128-byte-swizzled slab of NC rows per m-tile — step 2's K-major B operand, and the TMA
+// store's box. stmatrix.trans takes a thread's (row g, columns 2t, 2t+1) pair of four 8×8 blocks and writes each
+// block's column j as 16 contiguous bytes (8 m) at the address lane 8q + (j & 7) gives: blocks (h, jn) = (0, jn),
+// (1, jn), (0, jn + 1), (1, jn + 1). The 8 rows of a phase are 8 consecutive j: 8 distinct 16-byte chunks, no
+// conflicts.
+template <int NC>
+__device__ __forceinline__ void store_rows(uint32_t buf, int mt, const float* d, int warp, int lane) {
+  const int q = lane >> 3, r = lane & 7, h = q & 1;
+  const uint32_t at = buf + uint32_t(mt * NC * 128 + (q >> 1) * 1024 + r * 128 + (((2 * warp + h) ^ r) << 4));
+#pragma unroll
+  for (int jn = 0; jn < NC / 8; jn += 2)
+    stsm_x4_trans(at + uint32_t(jn * 1024), pack_bf16(d[4 * jn], d[4 * jn + 1]),
+                  pack_bf16(d[4 * jn + 2], d[4 * jn + 3]), pack_bf16(d[4 * jn + 4], d[4 * jn + 5]),
+                  pack_bf16(d[4 * jn + 6], d[4 * jn + 7]));
+}
+
+template <int NC>
+__global__ void __launch_bounds__(kBlockThreads, 1)
+    tma_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw2,
+               const __grid_constant__ CUtensorMap tw1, const __grid_constant__ CUtensorMap ty,
+               const __grid_constant__ Args a) {
+#ifdef LAB_SM90A
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (lab::smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle repeats every 1024 B
+  const uint32_t w2s = base + a.off_w2, w1s = base + a.off_w1, ts = base + a.off_t;
+  const uint32_t full = base + a.off_bar, wbar = full + 8 * kMaxSlots;
+  const int f1 = a.f1, f2 = a.f2, S = a.slots;
+  const int j0 = int(blockIdx.x % a.nslices) * NC;
+  const long b0 = blockIdx.x / a.nslices, bstep = gridDim.x / a.nslices;  // the grid is a multiple of nslices
+  const long items = b0 < a.B ? (a.B - 1 - b0) / bstep + 1 : 0;
+  const int tid = threadIdx.x, wg = warpgroup(), warp = (tid >> 5) & 3, lane = tid & 31;
+  const int tiles = (f1 / 64 - wg + 1) / 2;  // m-tiles wg, wg + 2, ...
+
+  auto load_x = [&](long n) {  // sample n of this block into slot n % S: f1/64 boxes of (f2 rows, 64 columns)
+    const int slot = int(n % S);
+    const uint32_t bar = full + 8 * slot, dst = base + uint32_t(slot) * a.slot_bytes;
+    lab::mbar_expect_tx(bar, a.slot_bytes);
+    const int row = int((b0 + n * bstep) * f2);
+    for (int q = 0; q < f1 / 64; ++q) lab::tma_load_2d(dst + uint32_t(q * f2 * 128), &tx, q * 64, row, bar);
+  };
+  if (tid == 0) {
+    for (int s = 0; s < kMaxSlots; ++s) lab::mbar_init(full + 8 * s, 1);
+    lab::mbar_init(wbar, 1);
+    lab::mbar_fence_init();
+  }
+  __syncthreads();
+  if (items == 0) return;
+  if (tid == 0) {
+    lab::mbar_expect_tx(wbar, uint32_t((NC * f2 + f1 * f1) * E));
+    for (int q = 0; q < NC / 64; ++q) lab::tma_load_2d(w2s + uint32_t(q * f2 * 128), &tw2, j0 + q * 64, 0, wbar);
+    for (int q = 0; q < f1 / 64; ++q) lab::tma_load_2d(w1s + uint32_t(q * f1 * 128), &tw1, q * 64, 0, wbar);
+    for (long n = 0; n < S && n < items; ++n) load_x(n);
+  }
+  lab::mbar_wait(wbar, 0);
+
+  float acc[kMaxMT][NC / 2];
+  for (long n = 0; n < items; ++n) {
+    const int slot = int(n % S);
+    const uint32_t xs = base + uint32_t(slot) * a.slot_bytes;
+    lab::mbar_wait(full + 8 * slot, uint32_t(n / S) & 1u);
+
+    // step 1: Tᵀ (p × j) = X_bᵀ · W_2[:, j0:j0+c]; k = i runs down the f2 rows of every box, 16 rows = 2048 B a step
+    step<NC, 1, 1>(
+        acc, tiles, f2 / kStepK,
+        [&](int i, int ks) { return desc(xs + uint32_t((wg + 2 * i) * f2 * 128 + ks * 2048), uint32_t(f2 * 128)); },
+        [&](int ks) { return desc(w2s + uint32_t(ks * 2048), uint32_t(f2 * 128)); });
+    if (tid == 0) lab::bulk_wait_read<0>();  // the previous sample's y has left the T/Y buffer
+    lab::named_barrier(1, kBlockThreads);    // ...and both warpgroups are done with this slot
+    if (tid == 0 && n + S < items) load_x(n + S);
+#pragma unroll
+    for (int i = 0; i < kMaxMT; ++i)
+      if (i < tiles) store_rows<NC>(ts, wg + 2 * i, acc[i], warp, lane);
+    lab::fence_proxy_async_smem();  // T, written by the threads, is read by the tensor cores
+    lab::named_barrier(1, kBlockThreads);
+
+    // step 2: Yᵀ (n × j) = W_1ᵀ · Tᵀ; B = T, K-major: k = p, 64 per slab of NC rows, 32 bytes a step inside a row
+    step<NC, 1, 0>(
+        acc, tiles, f1 / kStepK,
+        [&](int i, int ks) { return desc(w1s + uint32_t((wg + 2 * i) * f1 * 128 + ks * 2048), uint32_t(f1 * 128)); },
+        [&](int ks) { return desc(ts + uint32_t((ks >> 2) * NC * 128 + (ks & 3) * 32), 16u); });
+    lab::named_barrier(1, kBlockThreads);  // both warpgroups are done reading T: Y goes over it
+#pragma unroll
+    for (int i = 0; i < kMaxMT; ++i)
+      if (i < tiles) store_rows<NC>(ts, wg + 2 * i, acc[i], warp, lane);
+    lab::fence_proxy_async_smem();
+    lab::named_barrier(1, kBlockThreads);
+    if (tid == 0) {
+      const int row = int((b0 + n * bstep) * f2 + j0);
+      for (int q = 0; q < f1 / 64; ++q) lab::tma_store_2d(&ty, q * 64, row, ts + uint32_t(q * NC * 128));
+      lab::bulk_commit();
+    }
+  }
+  if (tid == 0) lab::bulk_wait<0>();  // the last y is written before the block's shared memory goes away
+#endif
+}
+
+// ---- plan and launch ------------------------------------------------------------------------------------------------
+struct Plan {
+  bool ok = false;
+  int c = 0, nslices = 0, slots = 0, grid = 0;
+  uint32_t slot_bytes = 0, off_w2 = 0, off_w1 = 0, off_t = 0, off_bar = 0;
+  long smem = 0;
+  double cost = 0;
+};
+
+bool supported(long B, const int* f, int K) {
+  if (K != 2 || B <= 0) return false;
+  const int f1 = f[0], f2 = f[1];
+  if (f1 % 64 || f2 % 64 || f1 > kMaxF || f2 > kMaxF) return false;
+  if (B * f2 > INT_MAX) return false;  // TMA row coordinates are 32-bit
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major == 9;  // wgmma and these TMA forms: Hopper (the module is built for sm_90a)
+}
+
+Plan layout(int f1, int f2, int c, int slots) {
+  Plan p;
+  p.c = c;
+  p.nslices = f2 / c;
+  p.slots = slots;
+  p.slot_bytes = uint32_t(f1 * f2 * E);
+  p.off_w2 = uint32_t(slots) * p.slot_bytes;
+  p.off_w1 = p.off_w2 + uint32_t(c * f2 * E);
+  p.off_t = p.off_w1 + uint32_t(f1 * f1 * E);
+  p.off_bar = p.off_t + uint32_t(c * f1 * E);
+  p.smem = long(p.off_bar) + 8 * (kMaxSlots + 1) + 1024;  // + the alignment slack
+  p.ok = p.smem <= device_facts().smem_optin;
+  return p;
+}
+
+template <int NC> void optin() {
+  static bool done[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64 || done[dev]) return;
+  cudaFuncSetAttribute(tma_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, device_facts().smem_optin);
+  done[dev] = true;
+}
+
+// Estimated clock cycles of the busiest block: its samples × the larger of the multiplies (at ~half the dense bf16
+// rate, plus the epilogues) and its share of HBM (~14 B/clk an SM), plus one round trip for the factors.
+Plan plan(long B, const int* f, int K, int force_c) {
+  Plan best;
+  if (!supported(B, f, K)) return best;
+  const int f1 = f[0], f2 = f[1], sms = device_facts().sms;
+  for (int c = 128; c >= 64; c /= 2) {
+    if (f2 % c || (force_c > 0 && c != force_c)) continue;
+    Plan p;
+    for (int s = kMaxSlots; s >= 2 && !p.ok; --s) p = layout(f1, f2, c, s);
+    if (!p.ok) continue;
+    const long items = B * p.nslices;
+    p.grid = int(std::min<long>(items, std::max(sms / p.nslices, 1) * long(p.nslices)));
+    const long per_block = (B + p.grid / p.nslices - 1) / (p.grid / p.nslices);
+    const double mma = double(c) * f1 * double(f1 + f2) / 1024.0 + 400.0;
+    const double mem = double(f1) * (f2 + c) * E / 14.0;
+    p.cost = double(per_block) * std::max(mma, mem) + 3000.0;
+    if (!best.ok || p.cost < best.cost * 0.999) best = p;
+  }
+  return best;
+}
+
+void plan_info(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* info) {
+  (void)N;
+  const Plan p = plan(B, f, K, cols);
+  info[kFits] = p.ok;
+  info[kCfg] = 0;
+  info[kC] = p.c;
+  info[kSlices] = p.nslices;
+  info[kSmemBytes] = p.smem;
+  info[kBlocksPerSm] = p.ok ? 1 : 0;
+  info[kron::kThreads] = kBlockThreads;
+  info[kTM] = 64;  // the wgmma tile: 64 rows × c columns
+  info[kTN] = p.c;
+  info[kCost] = int64_t(p.cost);
+  info[kSmemLimit] = device_facts().smem_optin;
+  info[kStages] = p.slots;  // samples in flight a block
+}
+
+cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, int K, int64_t B, int64_t N, int cols,
+                    cudaStream_t s) {
+  (void)N;
+  if (B == 0) return cudaSuccess;
+  const Plan p = plan(B, f, K, cols);
+  if (!p.ok) return cudaErrorInvalidConfiguration;
+  if (!aligned16(x) || !aligned16(y) || !aligned16(w[0]) || !aligned16(w[1])) return cudaErrorMisalignedAddress;
+  const int f1 = f[0], f2 = f[1];
+  constexpr CUtensorMapDataType dt = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  CUtensorMap tx, tw2, tw1, ty;
+  // every map: (rows, f columns) row-major, boxes of 64 columns (128 B, the swizzle) × a whole operand's rows
+  if (!lab::make_tensor_map(&tx, x, dt, E, f1, B * f2, f2) || !lab::make_tensor_map(&tw2, w[1], dt, E, f2, f2, f2) ||
+      !lab::make_tensor_map(&tw1, w[0], dt, E, f1, f1, f1) || !lab::make_tensor_map(&ty, y, dt, E, f1, B * f2, p.c))
+    return cudaErrorInvalidValue;
+  Args a{};
+  a.B = B;
+  a.f1 = f1;
+  a.f2 = f2;
+  a.nslices = p.nslices;
+  a.slots = p.slots;
+  a.slot_bytes = p.slot_bytes;
+  a.off_w2 = p.off_w2;
+  a.off_w1 = p.off_w1;
+  a.off_t = p.off_t;
+  a.off_bar = p.off_bar;
+  if (p.c == 128) {
+    optin<128>();
+    tma_kernel<128><<<unsigned(p.grid), kBlockThreads, size_t(p.smem), s>>>(tx, tw2, tw1, ty, a);
+  } else {
+    optin<64>();
+    tma_kernel<64><<<unsigned(p.grid), kBlockThreads, size_t(p.smem), s>>>(tx, tw2, tw1, ty, a);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace tma
+}  // namespace kron
+
+// ---- what the binding calls ("kron_v5_plan@bf16", "kron_v5_forward@bf16") -------------------------------------------
+//   the same signatures as v3's and v4's; fits = 0 where v5 does not apply: the binding then runs v3
+LAB_EXPORTS(LAB_EXPORT("kron_v5_plan", kron::tma::plan_info), LAB_EXPORT("kron_v5_forward", kron::tma::forward))
