@@ -358,13 +358,14 @@ def test_v4_v5_every_slice_width(batch, factors, dtype, version):
     f2 = K.parse_factors(factors)[-1]
     tried = 0
     for cols in [c for c in (64, 128, 192, 256, 320) if f2 % c == 0]:
-        p = K.plan(batch, factors, dtype, "cuda", cols=cols, version=version)
-        if not p["fits"]:
-            continue
-        assert p["c"] == cols and p["slices"] == f2 // cols
-        tried += 1
-        out = K.forward(x, ws, out=torch.full_like(x, math.nan), version=version, cols=cols)
-        verify.assert_close(out, ref, dtype, precision=prec, what=f"{version} {dtype} c={cols}")
+        for cfg in ((0, 1) if version == "v5" else (-1,)):  # v5: split and ping-pong
+            p = K.plan(batch, factors, dtype, "cuda", cfg=cfg, cols=cols, version=version)
+            if not p["fits"]:
+                continue
+            assert p["c"] == cols and p["slices"] == f2 // cols and (cfg < 0 or p["cfg"] == cfg)
+            tried += 1
+            out = K.forward(x, ws, out=torch.full_like(x, math.nan), version=version, cfg=cfg, cols=cols)
+            verify.assert_close(out, ref, dtype, precision=prec, what=f"{version} {dtype} c={cols} cfg={cfg}")
     if not tried:  # over shared memory (fp32 256x256: X_bᵀ alone is 256 KB), the prefetch registers, v5 on float32
         assert not K.plan(batch, factors, dtype, "cuda", version=version)["fits"]
     if version == "v5" and dtype == torch.bfloat16 and factors in ("128x128", "64x64", "64x128", "192x64"):

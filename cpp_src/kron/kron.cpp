@@ -159,6 +159,10 @@ FusedKernels fused_kernels(at::ScalarType t) {
 using V3Plan = void (*)(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* info);
 using V3Forward = cudaError_t (*)(const void* x, void* y, const void* const* w, const int* f, int K, int64_t B,
                                   int64_t N, int cols, cudaStream_t);
+// cuda_src/kron/v5.cu (bf16 only): the same with the schedule (cfg: -1 automatic, 0 split, 1 ping-pong)
+using V5Plan = void (*)(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int64_t* info);
+using V5Forward = cudaError_t (*)(const void* x, void* y, const void* const* w, const int* f, int K, int64_t B,
+                                  int64_t N, int cfg, int cols, cudaStream_t);
 #endif
 // cpp_src/kron/cpu.cpp: "kron_cpu_forward_f32", ...
 template <class T> using CpuForward = void (*)(const T* x, T* y, const T* const* w, const int* f, int K, int64_t B,
@@ -214,10 +218,10 @@ void v4_plan(at::ScalarType dt, const Sizes& s, int64_t cols, int64_t* info) {
                                                                           int(cols), info);
 }
 // Version 5 (TMA-fed wgmma; built for bf16 only): its plan, or fits = 0 where it does not apply (Float tensors too).
-void v5_plan(at::ScalarType dt, const Sizes& s, int64_t cols, int64_t* info) {
+void v5_plan(at::ScalarType dt, const Sizes& s, int64_t cfg, int64_t cols, int64_t* info) {
   std::fill(info, info + kron::kPlanFields, int64_t(0));
   if (dt != at::kBFloat16) return;
-  lab::launcher<V3Plan>("kron_v5_plan@bf16")(s.B, s.N, s.f.data(), int(s.f.size()), int(cols), info);
+  lab::launcher<V5Plan>("kron_v5_plan@bf16")(s.B, s.N, s.f.data(), int(s.f.size()), int(cfg), int(cols), info);
 }
 #endif
 
@@ -242,14 +246,22 @@ at::Tensor forward_tc(const at::Tensor& x, const std::vector<at::Tensor>& factor
     if (version == 4)
       v4_plan(dt, s, cols, info);
     else
-      v5_plan(dt, s, cols, info);
-    if (info[kron::kFits]) {
-      auto fn = lab::launcher<V3Forward>(lab::cat("kron_v", version, "_forward@", lab::dtype_suffix(dt)));
+      v5_plan(dt, s, cfg, cols, info);
+    if (info[kron::kFits] && version == 4) {
+      auto fn = lab::launcher<V3Forward>(lab::cat("kron_v4_forward@", lab::dtype_suffix(dt)));
       LAB_CUDA_CHECK(fn(x.data_ptr(), out.data_ptr(), w.data(), s.f.data(), K, s.B, s.N, int(cols), LAB_STREAM()),
-                     version == 4 ? "kron v4 forward kernel" : "kron v5 forward kernel");
+                     "kron v4 forward kernel");
       return out;
     }
-    cols = 0;  // a wgmma version's slice width means nothing to v3
+    if (info[kron::kFits]) {
+      auto fn = lab::launcher<V5Forward>("kron_v5_forward@bf16");
+      LAB_CUDA_CHECK(fn(x.data_ptr(), out.data_ptr(), w.data(), s.f.data(), K, s.B, s.N, int(cfg), int(cols),
+                        LAB_STREAM()),
+                     "kron v5 forward kernel");
+      return out;
+    }
+    cols = 0;  // a wgmma version's slice width and schedule mean nothing to v3
+    cfg = -1;
   }
   v3_plan(dt, s, cfg, cols, info);
   if (!info[kron::kFits]) {
@@ -286,7 +298,8 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
   if (version >= 3) {
     LAB_CHECK_VALUE(states.empty(), "kron: version ", version, " has no backward yet and saves no states; pass "
                     "states=[]");
-    LAB_CHECK_VALUE(cfg <= 1, "kron: version 3's configurations are 0 (8 warps) and 1 (4 warps), got cfg ", cfg);
+    LAB_CHECK_VALUE(cfg <= 1, "kron: versions 3-5 have configurations 0 and 1 (v3: 8 or 4 warps; v5: split or "
+                    "ping-pong), got cfg ", cfg);
     return forward_tc(x, factors, out, s, version, cfg, cols);
   }
   const int K = int(s.f.size());
@@ -423,7 +436,7 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
     if (version == 4)
       v4_plan(x.scalar_type(), s, cols, info.data());  // fits = 0: v4 does not apply and runs v3
     else if (version == 5)
-      v5_plan(x.scalar_type(), s, cols, info.data());  // the same for v5
+      v5_plan(x.scalar_type(), s, cfg, cols, info.data());  // the same for v5
     else
       v3_plan(x.scalar_type(), s, cfg, cols, info.data());
   } else {

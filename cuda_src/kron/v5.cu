@@ -47,16 +47,15 @@ using Elem = __nv_bfloat16;
 constexpr int E = int(sizeof(Elem));
 constexpr int kBox = 128 / E;   // elements in one 128-byte row: the box width and the swizzle atom (64)
 constexpr int kStepK = 16;      // k per wgmma (32 bytes of bf16)
-constexpr int kWarpgroups = 2;  // both consume; thread 0 also issues the copies
-constexpr int kBlockThreads = 128 * kWarpgroups;
+constexpr int kBlockThreads = 384;  // a producer warpgroup (one thread issues the copies) and two consumers
 constexpr int kMaxSlots = 4;
 constexpr int kMaxF = 256;  // TMA box rows
-constexpr int kMaxMT = 2;   // 64-row tiles a warpgroup holds: f_1 <= 256
 
 struct Args {
   long B;
   int f1, f2, nslices, slots;
-  uint32_t slot_bytes, off_w2, off_w1, off_t, off_bar;  // byte offsets from the 1024-aligned base (slots at 0)
+  bool pingpong;                                                 // cfg 1 (below)
+  uint32_t slot_bytes, t_bytes, off_w2, off_w1, off_t, off_bar;  // byte offsets from the 1024-aligned base (slots at 0)
 };
 
 // Shared-memory matrix descriptor, 128-byte swizzle: SBO = 1024 (8 rows of 128 B); LBO = the stride between 64-element
@@ -94,19 +93,19 @@ __device__ __forceinline__ void mma(float* d, uint64_t da, uint64_t db, int scal
 __device__ __forceinline__ int warpgroup() { return __shfl_sync(0xffffffffu, int(threadIdx.x) >> 7, 0); }
 
 // One step: the warpgroup's tiles (m-tile wg + 2i, i < tiles) over nk k-steps; ad(i, ks), bd(ks) give descriptors.
-template <int NC, int TA, int TB, class AD, class BD>
-__device__ __forceinline__ void step(float (&acc)[kMaxMT][NC / 2], int tiles, int nk, AD&& ad, BD&& bd) {
+template <int NC, int MT, int TA, int TB, class AD, class BD>
+__device__ __forceinline__ void step(float (&acc)[MT][NC / 2], int tiles, int nk, AD&& ad, BD&& bd) {
   lab::wgmma_fence();
   for (int ks = 0; ks < nk; ++ks) {
     const uint64_t db = bd(ks);
 #pragma unroll
-    for (int i = 0; i < kMaxMT; ++i)
+    for (int i = 0; i < MT; ++i)
       if (i < tiles) mma<NC, TA, TB>(acc[i], ad(i, ks), db, ks > 0);
   }
   lab::wgmma_commit();
   lab::wgmma_wait<0>();
 #pragma unroll
-  for (int i = 0; i < kMaxMT; ++i) lab::fence_regs<NC / 2>(acc[i]);
+  for (int i = 0; i < MT; ++i) lab::fence_regs<NC / 2>(acc[i]);
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -138,91 +137,119 @@ __device__ __forceinline__ void store_rows(uint32_t buf, int mt, const float* d,
                   pack_bf16(d[4 * jn + 6], d[4 * jn + 7]));
 }
 
+// The two schedules (cfg): both consumer warpgroups on every sample, each with half of its 64-row tiles (0, "split":
+// a sample's latency is halved, for blocks with one or two samples), or each warpgroup on every other sample with all
+// of its tiles and a T/Y buffer of its own (1, "ping-pong": one warpgroup's stores and barriers run while the other's
+// wgmma keep the tensor cores busy).
 template <int NC>
 __global__ void __launch_bounds__(kBlockThreads, 1)
     tma_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw2,
                const __grid_constant__ CUtensorMap tw1, const __grid_constant__ CUtensorMap ty,
                const __grid_constant__ Args a) {
 #ifdef LAB_SM90A
+  constexpr int MT = 256 / NC;  // 64-row tiles a warpgroup holds: 128 accumulators a thread
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (lab::smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle repeats every 1024 B
-  const uint32_t w2s = base + a.off_w2, w1s = base + a.off_w1, ts = base + a.off_t;
-  const uint32_t full = base + a.off_bar, wbar = full + 8 * kMaxSlots;
-  const int f1 = a.f1, f2 = a.f2, S = a.slots;
+  const uint32_t w2s = base + a.off_w2, w1s = base + a.off_w1;
+  const uint32_t full = base + a.off_bar, empty = full + 8 * kMaxSlots, wbar = empty + 8 * kMaxSlots;
+  const int f1 = a.f1, f2 = a.f2, S = a.slots, mtiles = f1 / 64;
+  const bool pp = a.pingpong;
   const int j0 = int(blockIdx.x % a.nslices) * NC;
   const long b0 = blockIdx.x / a.nslices, bstep = gridDim.x / a.nslices;  // the grid is a multiple of nslices
   const long items = b0 < a.B ? (a.B - 1 - b0) / bstep + 1 : 0;
-  const int tid = threadIdx.x, wg = warpgroup(), warp = (tid >> 5) & 3, lane = tid & 31;
-  const int tiles = (f1 / 64 - wg + 1) / 2;  // m-tiles wg, wg + 2, ...
+  const int wg = warpgroup(), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 
-  auto load_x = [&](long n) {  // sample n of this block into slot n % S: f1/64 boxes of (f2 rows, 64 columns)
-    const int slot = int(n % S);
-    const uint32_t bar = full + 8 * slot, dst = base + uint32_t(slot) * a.slot_bytes;
-    lab::mbar_expect_tx(bar, a.slot_bytes);
-    const int row = int((b0 + n * bstep) * f2);
-    for (int q = 0; q < f1 / 64; ++q) lab::tma_load_2d(dst + uint32_t(q * f2 * 128), &tx, q * 64, row, bar);
-  };
-  if (tid == 0) {
-    for (int s = 0; s < kMaxSlots; ++s) lab::mbar_init(full + 8 * s, 1);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kMaxSlots; ++s) {
+      lab::mbar_init(full + 8 * s, 1);                 // the producer's expect_tx, then the bytes
+      lab::mbar_init(empty + 8 * s, pp ? 4 : 8);       // every warp that reads the slot
+    }
     lab::mbar_init(wbar, 1);
     lab::mbar_fence_init();
   }
   __syncthreads();
   if (items == 0) return;
-  if (tid == 0) {
-    lab::mbar_expect_tx(wbar, uint32_t((NC * f2 + f1 * f1) * E));
-    for (int q = 0; q < NC / 64; ++q) lab::tma_load_2d(w2s + uint32_t(q * f2 * 128), &tw2, j0 + q * 64, 0, wbar);
-    for (int q = 0; q < f1 / 64; ++q) lab::tma_load_2d(w1s + uint32_t(q * f1 * 128), &tw1, q * 64, 0, wbar);
-    for (long n = 0; n < S && n < items; ++n) load_x(n);
+
+  if (wg == 0) {  // ---- producer: the factors once, then x[b] into the ring as slots free up
+    lab::setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      lab::mbar_expect_tx(wbar, uint32_t((NC * f2 + f1 * f1) * E));
+      for (int q = 0; q < NC / 64; ++q) lab::tma_load_2d(w2s + uint32_t(q * f2 * 128), &tw2, j0 + q * 64, 0, wbar);
+      for (int q = 0; q < f1 / 64; ++q) lab::tma_load_2d(w1s + uint32_t(q * f1 * 128), &tw1, q * 64, 0, wbar);
+      for (long n = 0; n < items; ++n) {
+        const int slot = int(n % S);
+        if (n >= S) lab::mbar_wait(empty + 8 * slot, uint32_t(n / S - 1) & 1u);
+        const uint32_t bar = full + 8 * slot, dst = base + uint32_t(slot) * a.slot_bytes;
+        lab::mbar_expect_tx(bar, a.slot_bytes);
+        const int row = int((b0 + n * bstep) * f2);  // f1/64 boxes of (f2 rows, 64 columns)
+        for (int q = 0; q < f1 / 64; ++q) lab::tma_load_2d(dst + uint32_t(q * f2 * 128), &tx, q * 64, row, bar);
+      }
+    }
+    return;
   }
+
+  // ---- consumers
+  lab::setmaxnreg_inc<232>();
+  const int c = wg - 1;
+  const int tid = threadIdx.x - 128 * wg;                    // within the warpgroup
+  const int t0 = pp ? 0 : c, tstep = pp ? 1 : 2;             // my m-tiles: t0, t0 + tstep, ...
+  const int tiles = (mtiles - t0 + tstep - 1) / tstep;
+  const long n0 = pp ? c : 0, nstep = pp ? 2 : 1;            // my samples
+  const uint32_t ts = base + a.off_t + (pp ? uint32_t(c) * a.t_bytes : 0u);
+  const int bar_id = pp ? 1 + c : 1, bar_n = pp ? 128 : 256;  // named barriers: my warpgroup, or both
+  const bool storer = pp ? tid == 0 : (c == 0 && tid == 0);   // issues (and waits for) the TMA stores of y
   lab::mbar_wait(wbar, 0);
 
-  float acc[kMaxMT][NC / 2];
-  for (long n = 0; n < items; ++n) {
+  float acc[MT][NC / 2];
+  for (long n = n0; n < items; n += nstep) {
     const int slot = int(n % S);
     const uint32_t xs = base + uint32_t(slot) * a.slot_bytes;
     lab::mbar_wait(full + 8 * slot, uint32_t(n / S) & 1u);
 
     // step 1: Tᵀ (p × j) = X_bᵀ · W_2[:, j0:j0+c]; k = i runs down the f2 rows of every box, 16 rows = 2048 B a step
-    step<NC, 1, 1>(
+    step<NC, MT, 1, 1>(
         acc, tiles, f2 / kStepK,
-        [&](int i, int ks) { return desc(xs + uint32_t((wg + 2 * i) * f2 * 128 + ks * 2048), uint32_t(f2 * 128)); },
+        [&](int i, int ks) {
+          return desc(xs + uint32_t((t0 + tstep * i) * f2 * 128 + ks * 2048), uint32_t(f2 * 128));
+        },
         [&](int ks) { return desc(w2s + uint32_t(ks * 2048), uint32_t(f2 * 128)); });
-    if (tid == 0) lab::bulk_wait_read<0>();  // the previous sample's y has left the T/Y buffer
-    lab::named_barrier(1, kBlockThreads);    // ...and both warpgroups are done with this slot
-    if (tid == 0 && n + S < items) load_x(n + S);
+    if (lane == 0) lab::mbar_arrive(empty + 8 * slot);  // this warp is done with the slot
+    if (storer) lab::bulk_wait_read<0>();                // my previous y has left the T/Y buffer
+    lab::named_barrier(bar_id, bar_n);
 #pragma unroll
-    for (int i = 0; i < kMaxMT; ++i)
-      if (i < tiles) store_rows<NC>(ts, wg + 2 * i, acc[i], warp, lane);
+    for (int i = 0; i < MT; ++i)
+      if (i < tiles) store_rows<NC>(ts, t0 + tstep * i, acc[i], warp, lane);
     lab::fence_proxy_async_smem();  // T, written by the threads, is read by the tensor cores
-    lab::named_barrier(1, kBlockThreads);
+    lab::named_barrier(bar_id, bar_n);
 
     // step 2: Yᵀ (n × j) = W_1ᵀ · Tᵀ; B = T, K-major: k = p, 64 per slab of NC rows, 32 bytes a step inside a row
-    step<NC, 1, 0>(
+    step<NC, MT, 1, 0>(
         acc, tiles, f1 / kStepK,
-        [&](int i, int ks) { return desc(w1s + uint32_t((wg + 2 * i) * f1 * 128 + ks * 2048), uint32_t(f1 * 128)); },
+        [&](int i, int ks) {
+          return desc(w1s + uint32_t((t0 + tstep * i) * f1 * 128 + ks * 2048), uint32_t(f1 * 128));
+        },
         [&](int ks) { return desc(ts + uint32_t((ks >> 2) * NC * 128 + (ks & 3) * 32), 16u); });
-    lab::named_barrier(1, kBlockThreads);  // both warpgroups are done reading T: Y goes over it
+    lab::named_barrier(bar_id, bar_n);  // every warp is done reading T: Y goes over it
 #pragma unroll
-    for (int i = 0; i < kMaxMT; ++i)
-      if (i < tiles) store_rows<NC>(ts, wg + 2 * i, acc[i], warp, lane);
+    for (int i = 0; i < MT; ++i)
+      if (i < tiles) store_rows<NC>(ts, t0 + tstep * i, acc[i], warp, lane);
     lab::fence_proxy_async_smem();
-    lab::named_barrier(1, kBlockThreads);
-    if (tid == 0) {
+    lab::named_barrier(bar_id, bar_n);
+    if (storer) {
       const int row = int((b0 + n * bstep) * f2 + j0);
       for (int q = 0; q < f1 / 64; ++q) lab::tma_store_2d(&ty, q * 64, row, ts + uint32_t(q * NC * 128));
       lab::bulk_commit();
     }
   }
-  if (tid == 0) lab::bulk_wait<0>();  // the last y is written before the block's shared memory goes away
+  if (storer) lab::bulk_wait<0>();  // the last y is written before the block's shared memory goes away
 #endif
 }
 
 // ---- plan and launch ------------------------------------------------------------------------------------------------
 struct Plan {
   bool ok = false;
-  int c = 0, nslices = 0, slots = 0, grid = 0;
-  uint32_t slot_bytes = 0, off_w2 = 0, off_w1 = 0, off_t = 0, off_bar = 0;
+  int c = 0, nslices = 0, slots = 0, grid = 0, cfg = 0;
+  uint32_t slot_bytes = 0, t_bytes = 0, off_w2 = 0, off_w1 = 0, off_t = 0, off_bar = 0;
   long smem = 0;
   double cost = 0;
 };
@@ -238,18 +265,23 @@ bool supported(long B, const int* f, int K) {
   return major == 9;  // wgmma and these TMA forms: Hopper (the module is built for sm_90a)
 }
 
-Plan layout(int f1, int f2, int c, int slots) {
+// Shared memory: the ring's slots, W_2's slice, W_1, one T/Y buffer (two for ping-pong), the barriers.
+Plan layout(int f1, int f2, int c, int slots, int cfg) {
   Plan p;
   p.c = c;
+  p.cfg = cfg;
   p.nslices = f2 / c;
   p.slots = slots;
   p.slot_bytes = uint32_t(f1 * f2 * E);
+  p.t_bytes = uint32_t(c * f1 * E);
   p.off_w2 = uint32_t(slots) * p.slot_bytes;
   p.off_w1 = p.off_w2 + uint32_t(c * f2 * E);
   p.off_t = p.off_w1 + uint32_t(f1 * f1 * E);
-  p.off_bar = p.off_t + uint32_t(c * f1 * E);
-  p.smem = long(p.off_bar) + 8 * (kMaxSlots + 1) + 1024;  // + the alignment slack
-  p.ok = p.smem <= device_facts().smem_optin;
+  p.off_bar = p.off_t + (cfg == 1 ? 2 : 1) * p.t_bytes;
+  p.smem = long(p.off_bar) + 8 * (2 * kMaxSlots + 1) + 1024;  // + the alignment slack
+  // the accumulators: a warpgroup holds 256/c tiles of 64 rows (128 registers a thread)
+  const int mtiles = f1 / 64, held = cfg == 1 ? mtiles : (mtiles + 1) / 2;
+  p.ok = p.smem <= device_facts().smem_optin && held <= 256 / c;
   return p;
 }
 
@@ -262,33 +294,39 @@ template <int NC> void optin() {
   done[dev] = true;
 }
 
-// Estimated clock cycles of the busiest block: its samples × the larger of the multiplies (at ~half the dense bf16
-// rate, plus the epilogues) and its share of HBM (~14 B/clk an SM), plus one round trip for the factors.
-Plan plan(long B, const int* f, int K, int force_c) {
+// Estimated clock cycles of the busiest block: its samples × the larger of the multiplies (~1000 MAC/clk with the
+// epilogues between them; ping-pong hides most of those, split halves a lone sample's chain) and its share of HBM
+// (~14 B/clk an SM), plus one round trip for the factors and the first sample.
+Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
   Plan best;
   if (!supported(B, f, K)) return best;
   const int f1 = f[0], f2 = f[1], sms = device_facts().sms;
   for (int c = 128; c >= 64; c /= 2) {
     if (f2 % c || (force_c > 0 && c != force_c)) continue;
-    Plan p;
-    for (int s = kMaxSlots; s >= 2 && !p.ok; --s) p = layout(f1, f2, c, s);
-    if (!p.ok) continue;
-    const long items = B * p.nslices;
-    p.grid = int(std::min<long>(items, std::max(sms / p.nslices, 1) * long(p.nslices)));
-    const long per_block = (B + p.grid / p.nslices - 1) / (p.grid / p.nslices);
-    const double mma = double(c) * f1 * double(f1 + f2) / 1024.0 + 400.0;
-    const double mem = double(f1) * (f2 + c) * E / 14.0;
-    p.cost = double(per_block) * std::max(mma, mem) + 3000.0;
-    if (!best.ok || p.cost < best.cost * 0.999) best = p;
+    for (int cfg = 0; cfg < 2; ++cfg) {
+      if (force_cfg >= 0 && cfg != force_cfg) continue;
+      Plan p;
+      for (int s = kMaxSlots; s >= 2 && !p.ok; --s) p = layout(f1, f2, c, s, cfg);
+      if (!p.ok) continue;
+      const long items = B * p.nslices;
+      p.grid = int(std::min<long>(items, std::max(sms / p.nslices, 1) * long(p.nslices)));
+      const long per_block = (B + p.grid / p.nslices - 1) / (p.grid / p.nslices);
+      const double mac = double(c) * f1 * double(f1 + f2);
+      const double chain = cfg == 1 ? mac / 1024.0 + 400.0 : mac / 2048.0 + 800.0;  // one sample, alone
+      const double busy = cfg == 1 ? mac / 1536.0 : mac / 1024.0 + 400.0;           // per sample, in a stream
+      const double mem = double(f1) * (f2 + c) * E / 14.0;
+      p.cost = chain + double(per_block - 1) * std::max(busy, mem) + 3000.0;
+      if (!best.ok || p.cost < best.cost * 0.999) best = p;
+    }
   }
   return best;
 }
 
-void plan_info(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* info) {
+void plan_info(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int64_t* info) {
   (void)N;
-  const Plan p = plan(B, f, K, cols);
+  const Plan p = plan(B, f, K, cfg, cols);
   info[kFits] = p.ok;
-  info[kCfg] = 0;
+  info[kCfg] = p.cfg;
   info[kC] = p.c;
   info[kSlices] = p.nslices;
   info[kSmemBytes] = p.smem;
@@ -301,11 +339,11 @@ void plan_info(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* inf
   info[kStages] = p.slots;  // samples in flight a block
 }
 
-cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, int K, int64_t B, int64_t N, int cols,
-                    cudaStream_t s) {
+cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, int K, int64_t B, int64_t N, int cfg,
+                    int cols, cudaStream_t s) {
   (void)N;
   if (B == 0) return cudaSuccess;
-  const Plan p = plan(B, f, K, cols);
+  const Plan p = plan(B, f, K, cfg, cols);
   if (!p.ok) return cudaErrorInvalidConfiguration;
   if (!aligned16(x) || !aligned16(y) || !aligned16(w[0]) || !aligned16(w[1])) return cudaErrorMisalignedAddress;
   const int f1 = f[0], f2 = f[1];
@@ -321,7 +359,9 @@ cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, 
   a.f2 = f2;
   a.nslices = p.nslices;
   a.slots = p.slots;
+  a.pingpong = p.cfg == 1;
   a.slot_bytes = p.slot_bytes;
+  a.t_bytes = p.t_bytes;
   a.off_w2 = p.off_w2;
   a.off_w1 = p.off_w1;
   a.off_t = p.off_t;
@@ -340,5 +380,8 @@ cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, 
 }  // namespace kron
 
 // ---- what the binding calls ("kron_v5_plan@bf16", "kron_v5_forward@bf16") -------------------------------------------
-//   the same signatures as v3's and v4's; fits = 0 where v5 does not apply: the binding then runs v3
+//   kron_v5_plan:    void (int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int64_t* info)
+//   kron_v5_forward: cudaError_t (const bf16* x, bf16* y, const bf16* const* w, const int* f, int K, int64_t B,
+//                                 int64_t N, int cfg, int cols, cudaStream_t)
+//   cfg: -1 automatic, 0 split, 1 ping-pong; fits = 0 where v5 does not apply: the binding then runs v3
 LAB_EXPORTS(LAB_EXPORT("kron_v5_plan", kron::tma::plan_info), LAB_EXPORT("kron_v5_forward", kron::tma::forward))

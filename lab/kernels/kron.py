@@ -441,7 +441,7 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
     cs = sorted({(-(-fK // n) + q - 1) // q * q for n in (1, 2, 4, 8, 16, 32) if -(-fK // n) >= 1}, reverse=True)
     if version in ("v4", "v5"):  # multiples of 64 that divide f_K
         cs = [c for c in range(fK, 63, -64) if fK % c == 0]
-    for cfg in range({"v3": 2, "v4": 1, "v5": 1}.get(version, 3)):
+    for cfg in range({"v3": 2, "v4": 1, "v5": 2}.get(version, 3)):
         for c in cs:
             p = plan(batch, sizes, dtype, device, cfg, c, version=version)
             if not p["fits"] or p["c"] != c:
