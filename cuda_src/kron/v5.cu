@@ -6,11 +6,15 @@
 // v3's mma.sync (results/: bf16 91.8 against 80.4 us). bf16 wgmma also reads "MN-major" operands (the transpose bits
 // of the instruction), and those are the layouts x and the factors already have in memory. So here:
 //  - the tensor memory accelerator copies x[b], W_2's slice and W_1 into shared memory as they are (64-element
-//    boxes, 128-byte swizzle), and one thread keeps a ring of `slots` samples in flight (an mbarrier per slot);
+//    boxes, 128-byte swizzle); a producer warpgroup (one thread) keeps a ring of `slots` samples in flight, a "full"
+//    and an "empty" mbarrier per slot;
 //  - the factors are loaded once per block (one persistent block per SM walks its samples);
 //  - the state between the factors and the output tile go from the accumulators to shared memory with
 //    stmatrix.trans (one instruction per four 8×8 blocks, already in the layout the next step and the TMA store
-//    read), and y leaves by TMA store while the next sample is multiplied.
+//    read), and y leaves by TMA store while the next sample is multiplied;
+//  - two consumer warpgroups, in one of two schedules (cfg): 0 "split", both on every sample with half of its 64-row
+//    tiles each (a lone sample's chain is shortest), or 1 "ping-pong", each on every other sample with all of its
+//    tiles and a T/Y buffer of its own (one warpgroup's stores and barriers overlap the other's wgmma).
 //
 // The algebra (K = 2; y[b] = W_2ᵀ · X_b · W_1, X_b = x[b] read as (f_2, f_1); kron.cuh): a block owns the c columns
 // j0.. of W_2 (a slice; c = 64 or 128) and, per sample,
@@ -21,11 +25,12 @@
 // steps, as cuBLAS-factorwise rounds its intermediate.
 //
 // Napkin math (H100 SXM, bf16, 128 × 128, c = 128): per sample 2 · 128³ = 4.2 M MAC, 32 KB of x in and 32 KB of y
-// out. Batch 1024 on 132 SMs: 7.8 samples an SM; the 67 MB of x and y take 20 us at 3.35 TB/s, the multiplies 9 us at
-// the dense bf16 rate (17 us at half of it). Shared memory: slots × 32 KB of x, W_2 slice 32, W_1 32, T/Y 32 KB:
-// 4 slots = 224 KB. Three samples in flight an SM (96 KB) are more than the ~40 KB Little's law asks of an SM for
-// 3.35 TB/s at ~1.5 us of latency. Batch 32: c = 64 gives 64 blocks of one (sample, half) each; the floor there is
-// one HBM round trip for x and the factors plus the two steps' latency.
+// out. Batch 1024 on 132 SMs: 7.8 samples an SM; the 67 MB of x and y take 22 us at the 3.0 TB/s the lab's copy probe
+// measures, the multiplies 9 us at the dense bf16 rate. Shared memory: slots × 32 KB of x, W_2 slice 32, W_1 32, T/Y
+// 32 KB (two for ping-pong): 3 slots = 224 KB. Two samples in flight ahead of the one multiplied (64 KB an SM) cover
+// the ~40 KB Little's law asks of an SM for 3 TB/s at ~1.5 us of latency. Batch 32: c = 64 gives 64 blocks of one
+// (sample, half) each; the floor there is one chain: the HBM round trip for x and the factors, two dependent
+// products, the store.
 //
 // Scope: K = 2, f_1 and f_2 multiples of 64 up to 256 (a TMA box has at most 256 rows), bfloat16, an sm_90 device
 // (wgmma; the module is built for sm_90a); elsewhere the plan says fits = 0 and the binding runs v3. float32 (TF32)
@@ -294,9 +299,11 @@ template <int NC> void optin() {
   done[dev] = true;
 }
 
-// Estimated clock cycles of the busiest block: its samples × the larger of the multiplies (~1000 MAC/clk with the
-// epilogues between them; ping-pong hides most of those, split halves a lone sample's chain) and its share of HBM
-// (~14 B/clk an SM), plus one round trip for the factors and the first sample.
+// Estimated clock cycles of the busiest block: its first sample's chain (the loads' round trip and both steps; the
+// same for both schedules, measured), then each further sample at the larger of its multiplies and its share of HBM
+// (~20 B/clk an SM): ping-pong overlaps one warpgroup's epilogue with the other's wgmma, split does not. Measured on
+// the H100 (bf16, 128 × 128, graph): batch 1024 split 31.2 us, ping-pong 28.7 us; batch 32 (one sample a block) 7.7 us
+// either way, c = 64 ahead of c = 128 (8.2 us).
 Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
   Plan best;
   if (!supported(B, f, K)) return best;
@@ -312,10 +319,10 @@ Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
       p.grid = int(std::min<long>(items, std::max(sms / p.nslices, 1) * long(p.nslices)));
       const long per_block = (B + p.grid / p.nslices - 1) / (p.grid / p.nslices);
       const double mac = double(c) * f1 * double(f1 + f2);
-      const double chain = cfg == 1 ? mac / 1024.0 + 400.0 : mac / 2048.0 + 800.0;  // one sample, alone
-      const double busy = cfg == 1 ? mac / 1536.0 : mac / 1024.0 + 400.0;           // per sample, in a stream
-      const double mem = double(f1) * (f2 + c) * E / 14.0;
-      p.cost = chain + double(per_block - 1) * std::max(busy, mem) + 3000.0;
+      const double first = mac / 2048.0 + 2500.0;
+      const double next = cfg == 1 ? mac / 1400.0 : mac / 1024.0 + 1000.0;
+      const double mem = double(f1) * (f2 + c) * E / 20.0;
+      p.cost = first + double(per_block - 1) * std::max(next, mem);
       if (!best.ok || p.cost < best.cost * 0.999) best = p;
     }
   }
