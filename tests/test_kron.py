@@ -339,8 +339,8 @@ def test_v3_falls_back_where_nothing_fits(dtype):
     verify.assert_close(out, ref, dtype, what="v3 fallback")
 
 
-# v4 and v5: two factors, each a multiple of 64 (192 and 320: not powers of two), every slice width. v5 (bf16 only)
-# takes factors up to 256 whose samples fit its ring; float32, 256x256 and 64x320 go to v3 (the `tried == 0` branch).
+# v4 and v5: two factors, each a multiple of 64 (192 and 320: not powers of two), every slice width. v5 takes factors
+# up to 256 that fit its shared memory; 64x320 goes to v3 (the `tried == 0` branch).
 # Batches 300, 135 and 1000 give a block more samples than v5's ring has slots: the slots are reused.
 V4_SHAPES = [(3, "128x128"), (2, "64x64"), (1, "256x256"), (5, "64x128"), (2, "128x64"), (3, "192x64"), (1, "64x320"),
              (33, "128x128"), (300, "128x128"), (135, "64x128"), (1000, "128x128"), (7, "256x64"), (4, "64x256"),
@@ -366,10 +366,10 @@ def test_v4_v5_every_slice_width(batch, factors, dtype, version):
             tried += 1
             out = K.forward(x, ws, out=torch.full_like(x, math.nan), version=version, cfg=cfg, cols=cols)
             verify.assert_close(out, ref, dtype, precision=prec, what=f"{version} {dtype} c={cols} cfg={cfg}")
-    if not tried:  # over shared memory (fp32 256x256: X_bᵀ alone is 256 KB), the prefetch registers, v5 on float32
+    if not tried:  # over shared memory (fp32 256x256: X_bᵀ alone is 256 KB) or the prefetch registers
         assert not K.plan(batch, factors, dtype, "cuda", version=version)["fits"]
-    if version == "v5" and dtype == torch.bfloat16 and factors in ("128x128", "64x64", "64x128", "192x64"):
-        assert tried, f"v5 should take bfloat16 {factors}"
+    if version == "v5" and factors in ("128x128", "64x64", "64x128", "192x64"):
+        assert tried, f"v5 should take {dtype} {factors}"
     verify.assert_close(K.forward(x, ws, out=torch.full_like(x, math.nan), version=version), ref, dtype,
                         precision=prec, what=f"{version} (planned)")
 

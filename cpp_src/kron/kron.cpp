@@ -7,8 +7,8 @@
 // tensors: cpp_src/kron/cpu.cpp); 1 = one CUDA kernel per factor (cuda_src/kron/v1.cu); 2 = the fused CUDA kernel
 // (cuda_src/kron/v2.cu, planned and launched by v2_plan.cu; v1 where it does not fit); 3 = v2's fusion on tensor
 // cores (cuda_src/kron/v3.cu: TF32 on Float tensors, bf16 on BFloat16 ones; forward only); 4 = two factors on wgmma
-// (cuda_src/kron/v4.cu; v3 where it does not apply); 5 = v4's steps fed by TMA (cuda_src/kron/v5.cu: BFloat16 only;
-// v3 where it does not apply, Float tensors included); the backward of 1 and 2
+// (cuda_src/kron/v4.cu; v3 where it does not apply); 5 = v4's steps fed by TMA (cuda_src/kron/v5.cu; v3 where it
+// does not apply); the backward of 1 and 2
 // is cuda_src/kron/backward.cu. The CPU code computes the same steps as the CUDA code (see the header of
 // cuda_src/kron/kron.cuh for the algebra):
 //   forward   F-step  y[b] (P, f) = x[b]ᵀ (f, P)ᵀ · W          — for W_K, …, W_1 in turn
@@ -159,7 +159,7 @@ FusedKernels fused_kernels(at::ScalarType t) {
 using V3Plan = void (*)(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* info);
 using V3Forward = cudaError_t (*)(const void* x, void* y, const void* const* w, const int* f, int K, int64_t B,
                                   int64_t N, int cols, cudaStream_t);
-// cuda_src/kron/v5.cu (bf16 only): the same with the schedule (cfg: -1 automatic, 0 split, 1 ping-pong)
+// cuda_src/kron/v5.cu: the same with the schedule (cfg: -1 automatic, 0 split, 1 ping-pong)
 using V5Plan = void (*)(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int64_t* info);
 using V5Forward = cudaError_t (*)(const void* x, void* y, const void* const* w, const int* f, int K, int64_t B,
                                   int64_t N, int cfg, int cols, cudaStream_t);
@@ -217,11 +217,10 @@ void v4_plan(at::ScalarType dt, const Sizes& s, int64_t cols, int64_t* info) {
   lab::launcher<V3Plan>(lab::cat("kron_v4_plan@", lab::dtype_suffix(dt)))(s.B, s.N, s.f.data(), int(s.f.size()),
                                                                           int(cols), info);
 }
-// Version 5 (TMA-fed wgmma; built for bf16 only): its plan, or fits = 0 where it does not apply (Float tensors too).
+// Version 5 (TMA-fed wgmma): its plan, or fits = 0 where it does not apply.
 void v5_plan(at::ScalarType dt, const Sizes& s, int64_t cfg, int64_t cols, int64_t* info) {
-  std::fill(info, info + kron::kPlanFields, int64_t(0));
-  if (dt != at::kBFloat16) return;
-  lab::launcher<V5Plan>("kron_v5_plan@bf16")(s.B, s.N, s.f.data(), int(s.f.size()), int(cfg), int(cols), info);
+  lab::launcher<V5Plan>(lab::cat("kron_v5_plan@", lab::dtype_suffix(dt)))(s.B, s.N, s.f.data(), int(s.f.size()),
+                                                                          int(cfg), int(cols), info);
 }
 #endif
 
@@ -254,7 +253,7 @@ at::Tensor forward_tc(const at::Tensor& x, const std::vector<at::Tensor>& factor
       return out;
     }
     if (info[kron::kFits]) {
-      auto fn = lab::launcher<V5Forward>("kron_v5_forward@bf16");
+      auto fn = lab::launcher<V5Forward>(lab::cat("kron_v5_forward@", lab::dtype_suffix(dt)));
       LAB_CUDA_CHECK(fn(x.data_ptr(), out.data_ptr(), w.data(), s.f.data(), K, s.B, s.N, int(cfg), int(cols),
                         LAB_STREAM()),
                      "kron v5 forward kernel");
@@ -454,7 +453,7 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Kronecker-factored linear layer y = x (W_K kron ... kron W_1); version 0 = C++ CPU code, 1 = per-factor "
-            "CUDA kernels, 2 = fused CUDA kernel, 3 = fused on tensor cores (TF32 / bf16), 4 = two factors on wgmma, 5 = wgmma fed by TMA (bf16)";
+            "CUDA kernels, 2 = fused CUDA kernel, 3 = fused on tensor cores (TF32 / bf16), 4 = two factors on wgmma, 5 = wgmma fed by TMA";
   m.def("forward", lab::bind(forward),
         "forward(x, factors, out, states, version, cfg, cols) -> out = x (W_K kron ... kron W_1)");
   m.def("backward", lab::bind(backward),

@@ -1,4 +1,4 @@
-// kron/v5.cu — version 5: v4's two wgmma steps fed by TMA, with no operand staged by the threads (bf16).
+// kron/v5.cu — version 5: v4's two wgmma steps fed by TMA, with no operand staged per sample by the threads.
 //
 // v4 (v4.cu) puts both products on wgmma, but its threads stage every operand: x[b] and the factors are loaded into
 // registers and stored transposed, element by element, into K-major tiles (TF32 wgmma takes nothing else). At batch
@@ -32,11 +32,20 @@
 // (sample, half) each; the floor there is one chain: the HBM round trip for x and the factors, two dependent
 // products, the store.
 //
-// Scope: K = 2, f_1 and f_2 multiples of 64 up to 256 (a TMA box has at most 256 rows), bfloat16, an sm_90 device
-// (wgmma; the module is built for sm_90a); elsewhere the plan says fits = 0 and the binding runs v3. float32 (TF32)
-// is not here: TF32 wgmma takes only K-major shared operands, and x[b] is MN-major in step 1 whichever way the
-// product is written, so it would need x through registers (v3's mma.sync path does that).
-// lab:variants dtype=bf16
+// TF32 (float32 tensors, the "f32" build). TF32 wgmma takes only K-major shared operands, and x[b] is MN-major in
+// step 1 whichever way the product is written. So there x goes through registers: the A operand of step 1 may come
+// from registers (the fragment layout of mma.m16n8k8), loaded from the TMA'd tile with 32-bit shared loads and
+// rounded to TF32 on the way (cvt.rna: the tensor core would truncate, which measured over TF32's tolerance in v3).
+// The ring then holds chunks of 32 rows of x[b] (16 KB at f_1 = 128) instead of whole samples: a chunk is free as
+// soon as its fragments are in registers. The factors are staged once per block by the consumer threads, transposed
+// into K-major tiles and rounded (v4's staging, done once instead of per sample); the state and y leave the
+// accumulators by 32-bit stores (stmatrix moves 16-bit elements only). Napkin math (fp32, 128 × 128, batch 1024):
+// 134 MB of x and y, 45 us at the 3.0 TB/s copy probe; 8.6 GFLOP, 17 us at the dense TF32 rate. Shared memory at
+// c = 64: W_2ᵀ slice 32 KB, W_1ᵀ 64, T/Y 32, six 16-KB chunks of x: 224 KB.
+//
+// Scope: K = 2, f_1 and f_2 multiples of 64 up to 256 (a TMA box has at most 256 rows), bfloat16 or float32 (TF32),
+// an sm_90 device (wgmma; the module is built for sm_90a); elsewhere the plan says fits = 0 and the binding runs v3.
+// lab:variants dtype=f32,bf16
 #include "kron.cuh"
 #include "lab_sm90.cuh"
 #include "plan_info.h"
@@ -49,20 +58,37 @@
 namespace kron {
 namespace tma {
 
+#if defined(LAB_VARIANT_dtype_bf16)
 using Elem = __nv_bfloat16;
+constexpr bool kTF32 = false;
+constexpr CUtensorMapDataType kMapType = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+#else
+using Elem = float;  // multiplied in TF32
+constexpr bool kTF32 = true;
+constexpr CUtensorMapDataType kMapType = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+#endif
 constexpr int E = int(sizeof(Elem));
-constexpr int kBox = 128 / E;   // elements in one 128-byte row: the box width and the swizzle atom (64)
-constexpr int kStepK = 16;      // k per wgmma (32 bytes of bf16)
-constexpr int kBlockThreads = 384;  // a producer warpgroup (one thread issues the copies) and two consumers
-constexpr int kMaxSlots = 4;
-constexpr int kMaxF = 256;  // TMA box rows
+constexpr int kBox = 128 / E;        // elements in one 128-byte row: the box width and the swizzle atom (64 or 32)
+constexpr int kStepK = 32 / E;       // k per wgmma: 16 (bf16), 8 (TF32)
+constexpr int kChunkTF32 = 32;       // rows of x[b] per ring slot in TF32 (bf16: a whole sample)
+constexpr int kBlockThreads = 384;   // a producer warpgroup (one thread issues the copies) and two consumers
+constexpr int kMaxSlots = 8;
+constexpr int kMaxF = 256;           // TMA box rows
 
 struct Args {
   long B;
-  int f1, f2, nslices, slots;
-  bool pingpong;                                                 // cfg 1 (below)
+  const Elem* w1;  // TF32: the factors, staged by the threads (bf16: TMA)
+  const Elem* w2;
+  int f1, f2, nslices, slots, kc;  // kc: rows of x[b] per slot (bf16: f2)
+  bool pingpong;                   // cfg 1 (below)
   uint32_t slot_bytes, t_bytes, off_w2, off_w1, off_t, off_bar;  // byte offsets from the 1024-aligned base (slots at 0)
 };
+
+// Byte offset of (row r, byte b of the row) in a 128-byte-swizzled tile: 8-row groups of 1024 B, the 16-byte chunks
+// of row r XOR-ed with r % 8 (the pattern TMA writes and wgmma reads).
+__device__ __forceinline__ uint32_t swz(int r, int b) {
+  return uint32_t((r >> 3) * 1024 + (r & 7) * 128 + ((((b >> 4) ^ (r & 7))) << 4) + (b & 15));
+}
 
 // Shared-memory matrix descriptor, 128-byte swizzle: SBO = 1024 (8 rows of 128 B); LBO = the stride between 64-element
 // blocks along M/N for MN-major operands (unused by K-major ones). Canonical layouts: the PTX ISA's wgmma section.
@@ -71,26 +97,62 @@ __device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo) {
          (uint64_t(1) << 62);
 }
 
-// D (64 × NC, fp32) (+)= A (64 × 16) · B (16 × NC) from shared memory; TA/TB = 1: the operand is MN-major.
+// ---- the wgmma forms: D (64 × NC, fp32) (+)= A (64 × kStepK) · B (kStepK × NC) ----------------------------------
 #define KRON_V5_REGS32                                                                                                \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define KRON_V5_ACC32(d) LAB_WG_ACC8(d, 0), LAB_WG_ACC8(d, 8), LAB_WG_ACC8(d, 16), LAB_WG_ACC8(d, 24)
+
+// both operands from shared memory; TA/TB = 1: the operand is MN-major (16-bit types only)
 template <int NC, int TA, int TB>
 __device__ __forceinline__ void mma(float* d, uint64_t da, uint64_t db, int scale_d) {
 #ifdef LAB_SM90A
-  if constexpr (NC == 128) {
+  if constexpr (!kTF32 && NC == 128) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" LAB_WG_REGS64
                  "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
                  : LAB_WG_ACC64(d)
                  : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
-  } else {
+  } else if constexpr (!kTF32) {
     static_assert(NC == 64, "slices of 64 or 128 columns");
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" KRON_V5_REGS32
                  "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
-                 : LAB_WG_ACC8(d, 0), LAB_WG_ACC8(d, 8), LAB_WG_ACC8(d, 16), LAB_WG_ACC8(d, 24)
+                 : KRON_V5_ACC32(d)
                  : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+  } else if constexpr (NC == 128) {
+    static_assert(TA == 0 && TB == 0, "TF32 operands are K-major");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" LAB_WG_REGS64 "}, %64, %65, p, 1, 1;\n}\n"
+                 : LAB_WG_ACC64(d)
+                 : "l"(da), "l"(db), "r"(scale_d));
+  } else {
+    static_assert(TA == 0 && TB == 0 && NC == 64, "TF32 operands are K-major");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {" KRON_V5_REGS32 "}, %32, %33, p, 1, 1;\n}\n"
+                 : KRON_V5_ACC32(d)
+                 : "l"(da), "l"(db), "r"(scale_d));
+  }
+#endif
+}
+
+// TF32 with A from registers: a[0..3] = A(g, t), A(g+8, t), A(g, t+4), A(g+8, t+4) of the warp's 16 rows
+template <int NC>
+__device__ __forceinline__ void mma_ra(float* d, const uint32_t (&a)[4], uint64_t db, int scale_d) {
+#ifdef LAB_SM90A
+  if constexpr (NC == 128) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" LAB_WG_REGS64
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+                 : LAB_WG_ACC64(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+  } else {
+    static_assert(NC == 64, "slices of 64 or 128 columns");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {" KRON_V5_REGS32
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+                 : KRON_V5_ACC32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
   }
 #endif
 }
@@ -98,22 +160,32 @@ __device__ __forceinline__ void mma(float* d, uint64_t da, uint64_t db, int scal
 // The warpgroup index through a shuffle, so that ptxas knows it is warp-uniform (v4.cu says why it matters).
 __device__ __forceinline__ int warpgroup() { return __shfl_sync(0xffffffffu, int(threadIdx.x) >> 7, 0); }
 
-// One step: the warpgroup's tiles (m-tile wg + 2i, i < tiles) over nk k-steps; ad(i, ks), bd(ks) give descriptors.
-template <int NC, int MT, int TA, int TB, class AD, class BD>
-__device__ __forceinline__ void step(float (&acc)[MT][NC / 2], int tiles, int nk, AD&& ad, BD&& bd) {
-  lab::wgmma_fence();
-  for (int ks = 0; ks < nk; ++ks) {
-    const uint64_t db = bd(ks);
+// Register A operands are read by the asynchronous wgmma after it issues: keep the compiler from reusing their
+// registers before the wait that retires it (the values are "used" again here).
+template <int KSC, int MT>
+__device__ __forceinline__ void fence_frag(uint32_t (&f)[KSC][MT][4]) {
+#pragma unroll
+  for (int k = 0; k < KSC; ++k)
 #pragma unroll
     for (int i = 0; i < MT; ++i)
-      if (i < tiles) mma<NC, TA, TB>(acc[i], ad(i, ks), db, ks > 0);
-  }
-  lab::wgmma_commit();
-  lab::wgmma_wait<0>();
+#pragma unroll
+      for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(f[k][i][r])::"memory");
+}
+
+template <int MT, int NC>
+__device__ __forceinline__ void fence_acc(float (&acc)[MT][NC / 2]) {
 #pragma unroll
   for (int i = 0; i < MT; ++i) lab::fence_regs<NC / 2>(acc[i]);
 }
 
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -127,38 +199,73 @@ __device__ __forceinline__ void stsm_x4_trans(uint32_t addr, uint32_t r0, uint32
 }
 
 // The accumulators of m-tile mt (rows m = 64·mt + 16·warp + g + 8h, columns j = 8·jn + 2t + u) into the buffer as
-// rows j, m contiguous: one 128-byte-swizzled slab of NC rows per m-tile — step 2's K-major B operand, and the TMA
-// store's box. stmatrix.trans takes a thread's (row g, columns 2t, 2t+1) pair of four 8×8 blocks and writes each
-// block's column j as 16 contiguous bytes (8 m) at the address lane 8q + (j & 7) gives: blocks (h, jn) = (0, jn),
-// (1, jn), (0, jn + 1), (1, jn + 1). The 8 rows of a phase are 8 consecutive j: 8 distinct 16-byte chunks, no
-// conflicts.
-template <int NC>
+// rows j, m contiguous, in kBox-wide slabs of NC rows (slab m / kBox): step 2's K-major B operand, and the TMA store's
+// boxes. ROUND: the state (rounded to TF32 for step 2, which would truncate; bf16 is rounded by the conversion).
+// bf16: stmatrix.trans takes a thread's (row g, columns 2t, 2t+1) pair of four 8×8 blocks and writes each block's
+// column j as 16 contiguous bytes (8 m) at the address lane 8q + (j & 7) gives: blocks (h, jn) = (0, jn), (1, jn),
+// (0, jn + 1), (1, jn + 1); the 8 rows of a phase are 8 consecutive j, 8 distinct 16-byte chunks: no conflicts.
+// fp32: one 32-bit store per value; a warp's 32 stores are 4 rows j (2t + u) × 8 consecutive m, whose 16-byte chunks
+// the swizzle spreads over all 32 banks.
+template <int NC, bool ROUND>
 __device__ __forceinline__ void store_rows(uint32_t buf, int mt, const float* d, int warp, int lane) {
-  const int q = lane >> 3, r = lane & 7, h = q & 1;
-  const uint32_t at = buf + uint32_t(mt * NC * 128 + (q >> 1) * 1024 + r * 128 + (((2 * warp + h) ^ r) << 4));
+  if constexpr (!kTF32) {
+    const int q = lane >> 3, r = lane & 7, h = q & 1;
+    const uint32_t at = buf + uint32_t(mt * NC * 128 + (q >> 1) * 1024 + r * 128 + (((2 * warp + h) ^ r) << 4));
 #pragma unroll
-  for (int jn = 0; jn < NC / 8; jn += 2)
-    stsm_x4_trans(at + uint32_t(jn * 1024), pack_bf16(d[4 * jn], d[4 * jn + 1]),
-                  pack_bf16(d[4 * jn + 2], d[4 * jn + 3]), pack_bf16(d[4 * jn + 4], d[4 * jn + 5]),
-                  pack_bf16(d[4 * jn + 6], d[4 * jn + 7]));
+    for (int jn = 0; jn < NC / 8; jn += 2)
+      stsm_x4_trans(at + uint32_t(jn * 1024), pack_bf16(d[4 * jn], d[4 * jn + 1]),
+                    pack_bf16(d[4 * jn + 2], d[4 * jn + 3]), pack_bf16(d[4 * jn + 4], d[4 * jn + 5]),
+                    pack_bf16(d[4 * jn + 6], d[4 * jn + 7]));
+  } else {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = 64 * mt + 16 * warp + g + 8 * h;
+      const uint32_t slab = buf + uint32_t((m >> 5) * NC * 128);
+      const int mb = (m & 31) * 4;
+#pragma unroll
+      for (int jn = 0; jn < NC / 8; ++jn)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const float v = d[4 * jn + 2 * h + u];
+          sts32(slab + swz(8 * jn + 2 * t + u, mb), ROUND ? lab::round_tf32(v) : __float_as_uint(v));
+        }
+    }
+  }
+}
+
+// TF32: a factor (rows × cols row-major in memory, columns col0.. of it) into a K-major tile of `cols` rows (its
+// columns), k = its rows, in 32-wide slabs of `cols` rows; rounded to TF32. Once per block, by the 256 consumers.
+// rows and cols are multiples of 64.
+__device__ __forceinline__ void stage_factor_t(uint32_t dst, const float* __restrict__ w, int rows, int ld, int col0,
+                                               int cols, int ctid) {
+  // the loop's trip count is the same for every thread (rows·cols is a multiple of 256): with `e < rows·cols` as its
+  // exit, ptxas took the loop for a divergent path and serialized every wgmma of the kernel (C7520)
+  for (int e0 = 0; e0 < rows * cols; e0 += 256) {
+    const int e = e0 + ctid, k = e / cols, r = e - k * cols;
+    sts32(dst + uint32_t((k >> 5) * cols * 128) + swz(r, (k & 31) * 4),
+          lab::round_tf32(__ldg(w + long(k) * ld + col0 + r)));
+  }
 }
 
 // The two schedules (cfg): both consumer warpgroups on every sample, each with half of its 64-row tiles (0, "split":
 // a sample's latency is halved, for blocks with one or two samples), or each warpgroup on every other sample with all
 // of its tiles and a T/Y buffer of its own (1, "ping-pong": one warpgroup's stores and barriers run while the other's
-// wgmma keep the tensor cores busy).
+// wgmma keep the tensor cores busy). The ring holds `slots` chunks of kc rows of x[b] (bf16: whole samples).
 template <int NC>
 __global__ void __launch_bounds__(kBlockThreads, 1)
     tma_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw2,
                const __grid_constant__ CUtensorMap tw1, const __grid_constant__ CUtensorMap ty,
                const __grid_constant__ Args a) {
 #ifdef LAB_SM90A
-  constexpr int MT = 256 / NC;  // 64-row tiles a warpgroup holds: 128 accumulators a thread
+  // 64-row tiles a warpgroup can hold: 128 accumulators a thread (bf16); TF32 also keeps two chunks of A fragments
+  constexpr int MT = kTF32 ? (NC == 64 ? 2 : 1) : 256 / NC;
+  constexpr int KSC = kChunkTF32 / 8;  // TF32 k-steps per chunk
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (lab::smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle repeats every 1024 B
   const uint32_t w2s = base + a.off_w2, w1s = base + a.off_w1;
   const uint32_t full = base + a.off_bar, empty = full + 8 * kMaxSlots, wbar = empty + 8 * kMaxSlots;
-  const int f1 = a.f1, f2 = a.f2, S = a.slots, mtiles = f1 / 64;
+  const int f1 = a.f1, f2 = a.f2, S = a.slots, kc = a.kc, cps = f2 / kc, mtiles = f1 / 64;
   const bool pp = a.pingpong;
   const int j0 = int(blockIdx.x % a.nslices) * NC;
   const long b0 = blockIdx.x / a.nslices, bstep = gridDim.x / a.nslices;  // the grid is a multiple of nslices
@@ -167,8 +274,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kMaxSlots; ++s) {
-      lab::mbar_init(full + 8 * s, 1);                 // the producer's expect_tx, then the bytes
-      lab::mbar_init(empty + 8 * s, pp ? 4 : 8);       // every warp that reads the slot
+      lab::mbar_init(full + 8 * s, 1);            // the producer's expect_tx, then the bytes
+      lab::mbar_init(empty + 8 * s, pp ? 4 : 8);  // every warp that reads the slot
     }
     lab::mbar_init(wbar, 1);
     lab::mbar_fence_init();
@@ -176,20 +283,25 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   __syncthreads();
   if (items == 0) return;
 
-  if (wg == 0) {  // ---- producer: the factors once, then x[b] into the ring as slots free up
+  if (wg == 0) {  // ---- producer: the factors once (bf16), then x[b] chunk by chunk as slots free up
     lab::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      lab::mbar_expect_tx(wbar, uint32_t((NC * f2 + f1 * f1) * E));
-      for (int q = 0; q < NC / 64; ++q) lab::tma_load_2d(w2s + uint32_t(q * f2 * 128), &tw2, j0 + q * 64, 0, wbar);
-      for (int q = 0; q < f1 / 64; ++q) lab::tma_load_2d(w1s + uint32_t(q * f1 * 128), &tw1, q * 64, 0, wbar);
-      for (long n = 0; n < items; ++n) {
-        const int slot = int(n % S);
-        if (n >= S) lab::mbar_wait(empty + 8 * slot, uint32_t(n / S - 1) & 1u);
-        const uint32_t bar = full + 8 * slot, dst = base + uint32_t(slot) * a.slot_bytes;
-        lab::mbar_expect_tx(bar, a.slot_bytes);
-        const int row = int((b0 + n * bstep) * f2);  // f1/64 boxes of (f2 rows, 64 columns)
-        for (int q = 0; q < f1 / 64; ++q) lab::tma_load_2d(dst + uint32_t(q * f2 * 128), &tx, q * 64, row, bar);
+      if constexpr (!kTF32) {
+        lab::mbar_expect_tx(wbar, uint32_t((NC * f2 + f1 * f1) * E));
+        for (int q = 0; q < NC / 64; ++q) lab::tma_load_2d(w2s + uint32_t(q * f2 * 128), &tw2, j0 + q * 64, 0, wbar);
+        for (int q = 0; q < f1 / 64; ++q) lab::tma_load_2d(w1s + uint32_t(q * f1 * 128), &tw1, q * 64, 0, wbar);
       }
+      for (long n = 0; n < items; ++n)
+        for (int q = 0; q < cps; ++q) {
+          const long idx = n * cps + q;
+          const int slot = int(idx % S);
+          if (idx >= S) lab::mbar_wait(empty + 8 * slot, uint32_t(idx / S - 1) & 1u);
+          const uint32_t bar = full + 8 * slot, dst = base + uint32_t(slot) * a.slot_bytes;
+          lab::mbar_expect_tx(bar, a.slot_bytes);
+          const int row = int((b0 + n * bstep) * f2 + q * kc);  // f1/kBox boxes of (kc rows, kBox columns)
+          for (int bx = 0; bx < f1 / kBox; ++bx)
+            lab::tma_load_2d(dst + uint32_t(bx * kc * 128), &tx, bx * kBox, row, bar);
+        }
     }
     return;
   }
@@ -197,53 +309,139 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   // ---- consumers
   lab::setmaxnreg_inc<232>();
   const int c = wg - 1;
-  const int tid = threadIdx.x - 128 * wg;                    // within the warpgroup
+  const int ctid = threadIdx.x - 128;                        // 0..255 over both consumers
   const int t0 = pp ? 0 : c, tstep = pp ? 1 : 2;             // my m-tiles: t0, t0 + tstep, ...
   const int tiles = (mtiles - t0 + tstep - 1) / tstep;
   const long n0 = pp ? c : 0, nstep = pp ? 2 : 1;            // my samples
   const uint32_t ts = base + a.off_t + (pp ? uint32_t(c) * a.t_bytes : 0u);
   const int bar_id = pp ? 1 + c : 1, bar_n = pp ? 128 : 256;  // named barriers: my warpgroup, or both
-  const bool storer = pp ? tid == 0 : (c == 0 && tid == 0);   // issues (and waits for) the TMA stores of y
-  lab::mbar_wait(wbar, 0);
+  const bool storer = pp ? (threadIdx.x & 127) == 0 : ctid == 0;  // issues (and waits for) the TMA stores of y
+  if constexpr (kTF32) {  // the factors, transposed to K-major and rounded, once
+    stage_factor_t(w2s, reinterpret_cast<const float*>(a.w2), f2, f2, j0, NC, ctid);  // Elem is float here
+    stage_factor_t(w1s, reinterpret_cast<const float*>(a.w1), f1, f1, 0, f1, ctid);
+    lab::fence_proxy_async_smem();
+    lab::named_barrier(3, 256);
+  } else {
+    lab::mbar_wait(wbar, 0);
+  }
+
+  // TF32: this thread's A-fragment offsets inside a chunk, for tile i: rows p = 64·mt + 16·warp + g (+8), k rows
+  // t (+4) of each 8-row group (x[b] is (kc rows i, f1 columns p), kBox-wide boxes of kc rows)
+  uint32_t aoff[MT][2][2];
+  if constexpr (kTF32) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const int p = 64 * (t0 + tstep * i) + 16 * warp + g + 8 * h, r = t + 4 * hi;
+          aoff[i][h][hi] = uint32_t((p / kBox) * kc * 128) + swz(r, (p % kBox) * 4);
+        }
+  }
 
   float acc[MT][NC / 2];
   for (long n = n0; n < items; n += nstep) {
-    const int slot = int(n % S);
-    const uint32_t xs = base + uint32_t(slot) * a.slot_bytes;
-    lab::mbar_wait(full + 8 * slot, uint32_t(n / S) & 1u);
-
-    // step 1: Tᵀ (p × j) = X_bᵀ · W_2[:, j0:j0+c]; k = i runs down the f2 rows of every box, 16 rows = 2048 B a step
-    step<NC, MT, 1, 1>(
-        acc, tiles, f2 / kStepK,
-        [&](int i, int ks) {
-          return desc(xs + uint32_t((t0 + tstep * i) * f2 * 128 + ks * 2048), uint32_t(f2 * 128));
-        },
-        [&](int ks) { return desc(w2s + uint32_t(ks * 2048), uint32_t(f2 * 128)); });
-    if (lane == 0) lab::mbar_arrive(empty + 8 * slot);  // this warp is done with the slot
-    if (storer) lab::bulk_wait_read<0>();                // my previous y has left the T/Y buffer
+    // ---- step 1: Tᵀ (p × j) = X_bᵀ · W_2[:, j0:j0+c], over the sample's chunks
+    if constexpr (!kTF32) {
+      const long idx = n;  // one chunk a sample
+      const int slot = int(idx % S);
+      const uint32_t xs = base + uint32_t(slot) * a.slot_bytes;
+      lab::mbar_wait(full + 8 * slot, uint32_t(idx / S) & 1u);
+      lab::wgmma_fence();
+      for (int ks = 0; ks < f2 / kStepK; ++ks) {  // k = i down the f2 rows of every box, 16 rows = 2048 B a step
+        const uint64_t db = desc(w2s + uint32_t(ks * 2048), uint32_t(f2 * 128));
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+          if (i < tiles)
+            mma<NC, 1, 1>(acc[i], desc(xs + uint32_t((t0 + tstep * i) * f2 * 128 + ks * 2048), uint32_t(f2 * 128)),
+                          db, ks > 0);
+      }
+      lab::wgmma_commit();
+      lab::wgmma_wait<0>();
+      fence_acc<MT, NC>(acc);
+      if (lane == 0) lab::mbar_arrive(empty + 8 * slot);  // this warp is done with the slot
+    } else {
+      // chunk q: wait for it, load this thread's fragments of its KSC k-steps (two register sets, alternating, so
+      // chunk q+1's loads overlap chunk q's wgmma), release it, multiply
+      uint32_t fa[2][KSC][MT][4];
+      auto chunk = [&](int q, uint32_t(&f)[KSC][MT][4]) {
+        const long idx = n * cps + q;
+        const int slot = int(idx % S);
+        const uint32_t xs = base + uint32_t(slot) * a.slot_bytes;
+        lab::mbar_wait(full + 8 * slot, uint32_t(idx / S) & 1u);
+        lab::wgmma_wait<1>();  // the wgmma that read this register set (chunk q - 2) are done
+        fence_frag<KSC, MT>(f);
+#pragma unroll
+        for (int ks = 0; ks < KSC; ++ks)
+#pragma unroll
+          for (int i = 0; i < MT; ++i)
+            if (i < tiles) {
+              const uint32_t at = xs + uint32_t(ks * 1024);
+              f[ks][i][0] = lab::round_tf32(__uint_as_float(lds32(at + aoff[i][0][0])));
+              f[ks][i][1] = lab::round_tf32(__uint_as_float(lds32(at + aoff[i][1][0])));
+              f[ks][i][2] = lab::round_tf32(__uint_as_float(lds32(at + aoff[i][0][1])));
+              f[ks][i][3] = lab::round_tf32(__uint_as_float(lds32(at + aoff[i][1][1])));
+            }
+        __syncwarp();
+        if (lane == 0) lab::mbar_arrive(empty + 8 * slot);  // the fragments are in registers: the slot is free
+        lab::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSC; ++ks) {
+          const int k = q * kc + ks * 8;  // B = W_2ᵀ slice, K-major: 32-wide slabs of NC rows
+          const uint64_t db = desc(w2s + uint32_t((k >> 5) * NC * 128 + (k & 31) * 4), 16u);
+#pragma unroll
+          for (int i = 0; i < MT; ++i)
+            if (i < tiles) mma_ra<NC>(acc[i], f[ks][i], db, q > 0 || ks > 0);
+        }
+        lab::wgmma_commit();
+      };
+      for (int q = 0; q < cps; q += 2) {
+        chunk(q, fa[0]);
+        if (q + 1 < cps) chunk(q + 1, fa[1]);
+      }
+      lab::wgmma_wait<0>();
+      fence_frag<KSC, MT>(fa[0]);
+      fence_frag<KSC, MT>(fa[1]);
+      fence_acc<MT, NC>(acc);
+    }
+    if (storer) lab::bulk_wait_read<0>();  // my previous y has left the T/Y buffer
     lab::named_barrier(bar_id, bar_n);
 #pragma unroll
     for (int i = 0; i < MT; ++i)
-      if (i < tiles) store_rows<NC>(ts, t0 + tstep * i, acc[i], warp, lane);
+      if (i < tiles) store_rows<NC, true>(ts, t0 + tstep * i, acc[i], warp, lane);
     lab::fence_proxy_async_smem();  // T, written by the threads, is read by the tensor cores
     lab::named_barrier(bar_id, bar_n);
 
-    // step 2: Yᵀ (n × j) = W_1ᵀ · Tᵀ; B = T, K-major: k = p, 64 per slab of NC rows, 32 bytes a step inside a row
-    step<NC, MT, 1, 0>(
-        acc, tiles, f1 / kStepK,
-        [&](int i, int ks) {
-          return desc(w1s + uint32_t((t0 + tstep * i) * f1 * 128 + ks * 2048), uint32_t(f1 * 128));
-        },
-        [&](int ks) { return desc(ts + uint32_t((ks >> 2) * NC * 128 + (ks & 3) * 32), 16u); });
+    // ---- step 2: Yᵀ (n × j) = W_1ᵀ · Tᵀ; B = T, K-major: k = p, kBox per slab of NC rows
+    lab::wgmma_fence();
+    for (int ks = 0; ks < f1 / kStepK; ++ks) {
+      const int k = ks * kStepK;
+      const uint64_t db = desc(ts + uint32_t((k / kBox) * NC * 128 + (k % kBox) * E), 16u);
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+        if (i < tiles) {
+          const int mt = t0 + tstep * i;
+          if constexpr (!kTF32)  // W_1 as TMA left it: (p rows, 64-wide n boxes), MN-major
+            mma<NC, 1, 0>(acc[i], desc(w1s + uint32_t(mt * f1 * 128 + ks * 2048), uint32_t(f1 * 128)), db, ks > 0);
+          else  // W_1ᵀ staged K-major: rows n, 32-wide slabs of p
+            mma<NC, 0, 0>(acc[i], desc(w1s + uint32_t((k >> 5) * f1 * 128 + mt * 64 * 128 + (k & 31) * 4), 16u), db,
+                          ks > 0);
+        }
+    }
+    lab::wgmma_commit();
+    lab::wgmma_wait<0>();
+    fence_acc<MT, NC>(acc);
     lab::named_barrier(bar_id, bar_n);  // every warp is done reading T: Y goes over it
 #pragma unroll
     for (int i = 0; i < MT; ++i)
-      if (i < tiles) store_rows<NC>(ts, t0 + tstep * i, acc[i], warp, lane);
+      if (i < tiles) store_rows<NC, false>(ts, t0 + tstep * i, acc[i], warp, lane);
     lab::fence_proxy_async_smem();
     lab::named_barrier(bar_id, bar_n);
     if (storer) {
       const int row = int((b0 + n * bstep) * f2 + j0);
-      for (int q = 0; q < f1 / 64; ++q) lab::tma_store_2d(&ty, q * 64, row, ts + uint32_t(q * NC * 128));
+      for (int bx = 0; bx < f1 / kBox; ++bx) lab::tma_store_2d(&ty, bx * kBox, row, ts + uint32_t(bx * NC * 128));
       lab::bulk_commit();
     }
   }
@@ -254,7 +452,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
 // ---- plan and launch ------------------------------------------------------------------------------------------------
 struct Plan {
   bool ok = false;
-  int c = 0, nslices = 0, slots = 0, grid = 0, cfg = 0;
+  int c = 0, nslices = 0, slots = 0, kc = 0, grid = 0, cfg = 0;
   uint32_t slot_bytes = 0, t_bytes = 0, off_w2 = 0, off_w1 = 0, off_t = 0, off_bar = 0;
   long smem = 0;
   double cost = 0;
@@ -271,23 +469,27 @@ bool supported(long B, const int* f, int K) {
   return major == 9;  // wgmma and these TMA forms: Hopper (the module is built for sm_90a)
 }
 
-// Shared memory: the ring's slots, W_2's slice, W_1, one T/Y buffer (two for ping-pong), the barriers.
+// Shared memory: the ring's slots (kc rows of x[b] each), W_2's slice, W_1, one T/Y buffer (two for ping-pong), the
+// barriers.
 Plan layout(int f1, int f2, int c, int slots, int cfg) {
   Plan p;
   p.c = c;
   p.cfg = cfg;
   p.nslices = f2 / c;
   p.slots = slots;
-  p.slot_bytes = uint32_t(f1 * f2 * E);
+  p.kc = kTF32 ? kChunkTF32 : f2;
+  p.slot_bytes = uint32_t(f1 * p.kc * E);
   p.t_bytes = uint32_t(c * f1 * E);
   p.off_w2 = uint32_t(slots) * p.slot_bytes;
   p.off_w1 = p.off_w2 + uint32_t(c * f2 * E);
   p.off_t = p.off_w1 + uint32_t(f1 * f1 * E);
   p.off_bar = p.off_t + (cfg == 1 ? 2 : 1) * p.t_bytes;
   p.smem = long(p.off_bar) + 8 * (2 * kMaxSlots + 1) + 1024;  // + the alignment slack
-  // the accumulators: a warpgroup holds 256/c tiles of 64 rows (128 registers a thread)
+  // the 64-row tiles a warpgroup holds (the kernel's MT): 128 accumulators a thread; TF32 keeps fragments too
   const int mtiles = f1 / 64, held = cfg == 1 ? mtiles : (mtiles + 1) / 2;
-  p.ok = p.smem <= device_facts().smem_optin && held <= 256 / c;
+  const int mt_max = kTF32 ? (c == 64 ? 2 : 1) : 256 / c;
+  // a sample's chunks must fit the ring at once in bf16 (one slot a sample); TF32 needs two chunks in flight
+  p.ok = p.smem <= device_facts().smem_optin && held <= mt_max && slots >= 2;
   return p;
 }
 
@@ -304,7 +506,8 @@ template <int NC> void optin() {
 // same for both schedules, measured), then each further sample at the larger of its multiplies and its share of HBM
 // (~20 B/clk an SM): ping-pong overlaps one warpgroup's epilogue with the other's wgmma, split does not. Measured on
 // the H100 (bf16, 128 × 128, graph): batch 1024 split 31.2 us, ping-pong 28.7 us; batch 32 (one sample a block) 7.7 us
-// either way, c = 64 ahead of c = 128 (8.2 us).
+// either way, c = 64 ahead of c = 128 (8.2 us). TF32 multiplies at half the bf16 rate, its fragments through
+// registers at about half again.
 Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
   Plan best;
   if (!supported(B, f, K)) return best;
@@ -319,7 +522,7 @@ Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
       const long items = B * p.nslices;
       p.grid = int(std::min<long>(items, std::max(sms / p.nslices, 1) * long(p.nslices)));
       const long per_block = (B + p.grid / p.nslices - 1) / (p.grid / p.nslices);
-      const double mac = double(c) * f1 * double(f1 + f2);
+      const double mac = double(c) * f1 * double(f1 + f2) * (kTF32 ? 3.0 : 1.0);
       const double first = mac / 2048.0 + 2500.0;
       const double next = cfg == 1 ? mac / 1400.0 : mac / 1024.0 + 1000.0;
       const double mem = double(f1) * (f2 + c) * E / 20.0;
@@ -344,7 +547,7 @@ void plan_info(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int
   info[kTN] = p.c;
   info[kCost] = int64_t(p.cost);
   info[kSmemLimit] = device_facts().smem_optin;
-  info[kStages] = p.slots;  // samples in flight a block
+  info[kStages] = p.slots;  // ring slots: samples (bf16) or 32-row chunks of one (TF32)
 }
 
 // cuTensorMapEncodeTiled costs the host microseconds a call and a launch needs four maps: at batch 32 the first
@@ -374,7 +577,7 @@ bool tensor_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, 
       }
     }
   }
-  if (!lab::make_tensor_map(map, base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, E, cols, rows, box_rows)) return false;
+  if (!lab::make_tensor_map(map, base, kMapType, E, cols, rows, box_rows)) return false;
   std::lock_guard<std::mutex> g(mu);
   cache[next] = Entry{*map, base, cols, rows, box_rows, dev};
   next = (next + 1) % kEntries;
@@ -391,12 +594,20 @@ cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, 
   if (!aligned16(x) || !aligned16(y) || !aligned16(w[0]) || !aligned16(w[1])) return cudaErrorMisalignedAddress;
   const int f1 = f[0], f2 = f[1];
   CUtensorMap tx, tw2, tw1, ty;
-  // every map: (rows, f columns) row-major, boxes of 64 columns (128 B, the swizzle) × a whole operand's rows
-  if (!tensor_map(&tx, x, f1, B * f2, f2) || !tensor_map(&tw2, w[1], f2, f2, f2) || !tensor_map(&tw1, w[0], f1, f1, f1) ||
-      !tensor_map(&ty, y, f1, B * f2, p.c))
+  // every map: (rows, f columns) row-major, boxes of kBox columns (128 B, the swizzle) × kc rows of x, c rows of y,
+  // a whole factor (bf16; TF32 stages the factors with the threads and passes x's map in their place)
+  if (!tensor_map(&tx, x, f1, B * f2, p.kc) || !tensor_map(&ty, y, f1, B * f2, p.c)) return cudaErrorInvalidValue;
+  if (kTF32) {
+    tw2 = tx;
+    tw1 = tx;
+  } else if (!tensor_map(&tw2, w[1], f2, f2, f2) || !tensor_map(&tw1, w[0], f1, f1, f1)) {
     return cudaErrorInvalidValue;
+  }
   Args a{};
   a.B = B;
+  a.w1 = w[0];
+  a.w2 = w[1];
+  a.kc = p.kc;
   a.f1 = f1;
   a.f2 = f2;
   a.nslices = p.nslices;
@@ -421,9 +632,9 @@ cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, 
 }  // namespace tma
 }  // namespace kron
 
-// ---- what the binding calls ("kron_v5_plan@bf16", "kron_v5_forward@bf16") -------------------------------------------
+// ---- what the binding calls ("kron_v5_plan@f32", "kron_v5_forward@bf16", ...) ---------------------------------------
 //   kron_v5_plan:    void (int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int64_t* info)
-//   kron_v5_forward: cudaError_t (const bf16* x, bf16* y, const bf16* const* w, const int* f, int K, int64_t B,
-//                                 int64_t N, int cfg, int cols, cudaStream_t)
+//   kron_v5_forward: cudaError_t (const T* x, T* y, const T* const* w, const int* f, int K, int64_t B,
+//                                 int64_t N, int cfg, int cols, cudaStream_t)   (T: float (TF32) or bf16)
 //   cfg: -1 automatic, 0 split, 1 ping-pong; fits = 0 where v5 does not apply: the binding then runs v3
 LAB_EXPORTS(LAB_EXPORT("kron_v5_plan", kron::tma::plan_info), LAB_EXPORT("kron_v5_forward", kron::tma::forward))

@@ -18,8 +18,9 @@ C++ CPU version). Versions (ours):
               only (where no configuration fits: v2, on float32 copies for bfloat16)
   v4          CUDA: two factors (multiples of 64) on wgmma, operands staged K-major in the 128-byte swizzle; v3
               elsewhere
-  v5          CUDA: v4's two wgmma steps fed by TMA (bfloat16: x and the factors MN-major as they lie in memory, a
-              ring of samples in flight, y out by TMA store); v3 elsewhere, float32 included
+  v5          CUDA: v4's two wgmma steps fed by TMA, a ring of x in flight, y out by TMA store (bfloat16: x and the
+              factors MN-major as they lie in memory; float32: TF32 with x through registers, the factors staged once);
+              v3 elsewhere
 Baselines (PyTorch, named for what they run):
   torch       what one writes first: per factor reshape / matmul / movedim (every reshape of the moved view copies)
   torch.bmm   one strided-batched GEMM (torch.bmm) per factor, the axis move folded into the operand layout (no
@@ -542,7 +543,6 @@ IDEAS = {
 }
 
 F32_F64, F32_BF16, F32 = (torch.float32, torch.float64), (torch.float32, torch.bfloat16), (torch.float32,)
-BF16 = (torch.bfloat16,)
 DT = (torch.float32, torch.float64, torch.bfloat16)  # bfloat16: v3 and the torch baselines only
 DT_TRAIN = F32_F64
 # 1-wide and prime factors, K = 1..4, a batch that splits into many blocks, 128x128, and one shape over v2's
@@ -569,10 +569,9 @@ def _versions(train: bool, full: bool = True) -> list[Version]:
             vs.append(Version(name, _train(name), dev, IDEAS[name], takes_out=False, graph=name != "cpu",
                               dtypes=F32_F64))
         elif name in TENSOR_CORE:
-            # TF32 on float32, bf16 on bfloat16; %peak against cuBLAS at that precision. v5 is bf16 only (on float32
-            # tensors it runs v3, which is timed under its own name)
+            # TF32 on float32, bf16 on bfloat16; %peak against cuBLAS at that precision
             vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=True, precision="tf32",
-                              dtypes=BF16 if name == "v5" else F32_BF16, ceiling="gemm"))
+                              dtypes=F32_BF16, ceiling="gemm"))
         else:
             vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=name in ("v1", "v2"),
                               dtypes=F32_F64))
