@@ -368,8 +368,8 @@ def test_v4_v5_every_slice_width(batch, factors, dtype, version):
             verify.assert_close(out, ref, dtype, precision=prec, what=f"{version} {dtype} c={cols} cfg={cfg}")
     if not tried:  # over shared memory (fp32 256x256: X_bᵀ alone is 256 KB) or the prefetch registers
         assert not K.plan(batch, factors, dtype, "cuda", version=version)["fits"]
-    if version == "v5" and factors in ("128x128", "64x64", "64x128", "192x64"):
-        assert tried, f"v5 should take {dtype} {factors}"
+    if version == "v5" and factors in ("128x128", "64x64", "64x128") + (("192x64",) if dtype == torch.bfloat16 else ()):
+        assert tried, f"v5 should take {dtype} {factors}"  # (TF32 192x64: W_1ᵀ alone is 144 KB)
     verify.assert_close(K.forward(x, ws, out=torch.full_like(x, math.nan), version=version), ref, dtype,
                         precision=prec, what=f"{version} (planned)")
 

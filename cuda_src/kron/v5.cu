@@ -14,7 +14,8 @@
 //    read), and y leaves by TMA store while the next sample is multiplied;
 //  - two consumer warpgroups, in one of two schedules (cfg): 0 "split", both on every sample with half of its 64-row
 //    tiles each (a lone sample's chain is shortest), or 1 "ping-pong", each on every other sample with all of its
-//    tiles and a T/Y buffer of its own (one warpgroup's stores and barriers overlap the other's wgmma).
+//    tiles, a T/Y buffer and half of the ring of its own (one warpgroup's stores and barriers overlap the other's
+//    wgmma).
 //
 // The algebra (K = 2; y[b] = W_2ᵀ · X_b · W_1, X_b = x[b] read as (f_2, f_1); kron.cuh): a block owns the c columns
 // j0.. of W_2 (a slice; c = 64 or 128) and, per sample,
@@ -267,6 +268,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   const uint32_t full = base + a.off_bar, empty = full + 8 * kMaxSlots, wbar = empty + 8 * kMaxSlots;
   const int f1 = a.f1, f2 = a.f2, S = a.slots, kc = a.kc, cps = f2 / kc, mtiles = f1 / 64;
   const bool pp = a.pingpong;
+  // ping-pong splits the ring in two, one per consumer: a warpgroup must wait on its slots' phases in order. In one
+  // shared ring a warpgroup's next chunk can sit a phase beyond a chunk of the other's that has not landed yet, and a
+  // parity wait two phases ahead passes at once (the first TF32 build read stale x that way at batch 1000).
+  const int RS = pp ? S / 2 : S;
   const int j0 = int(blockIdx.x % a.nslices) * NC;
   const long b0 = blockIdx.x / a.nslices, bstep = gridDim.x / a.nslices;  // the grid is a multiple of nslices
   const long items = b0 < a.B ? (a.B - 1 - b0) / bstep + 1 : 0;
@@ -293,9 +298,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
       }
       for (long n = 0; n < items; ++n)
         for (int q = 0; q < cps; ++q) {
-          const long idx = n * cps + q;
-          const int slot = int(idx % S);
-          if (idx >= S) lab::mbar_wait(empty + 8 * slot, uint32_t(idx / S - 1) & 1u);
+          const int owner = pp ? int(n & 1) : 0;                   // the ring of the warpgroup that takes it
+          const long idx = (pp ? n >> 1 : n) * cps + q;             // the chunk's place in that ring
+          const int slot = owner * RS + int(idx % RS);
+          if (idx >= RS) lab::mbar_wait(empty + 8 * slot, uint32_t(idx / RS - 1) & 1u);
           const uint32_t bar = full + 8 * slot, dst = base + uint32_t(slot) * a.slot_bytes;
           lab::mbar_expect_tx(bar, a.slot_bytes);
           const int row = int((b0 + n * bstep) * f2 + q * kc);  // f1/kBox boxes of (kc rows, kBox columns)
@@ -316,6 +322,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   const uint32_t ts = base + a.off_t + (pp ? uint32_t(c) * a.t_bytes : 0u);
   const int bar_id = pp ? 1 + c : 1, bar_n = pp ? 128 : 256;  // named barriers: my warpgroup, or both
   const bool storer = pp ? (threadIdx.x & 127) == 0 : ctid == 0;  // issues (and waits for) the TMA stores of y
+  const int ring = pp ? c * RS : 0;                               // my ring's first slot
   if constexpr (kTF32) {  // the factors, transposed to K-major and rounded, once
     stage_factor_t(w2s, reinterpret_cast<const float*>(a.w2), f2, f2, j0, NC, ctid);  // Elem is float here
     stage_factor_t(w1s, reinterpret_cast<const float*>(a.w1), f1, f1, 0, f1, ctid);
@@ -345,10 +352,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   for (long n = n0; n < items; n += nstep) {
     // ---- step 1: Tᵀ (p × j) = X_bᵀ · W_2[:, j0:j0+c], over the sample's chunks
     if constexpr (!kTF32) {
-      const long idx = n;  // one chunk a sample
-      const int slot = int(idx % S);
+      const long idx = pp ? n >> 1 : n;  // one chunk a sample
+      const int slot = ring + int(idx % RS);
       const uint32_t xs = base + uint32_t(slot) * a.slot_bytes;
-      lab::mbar_wait(full + 8 * slot, uint32_t(idx / S) & 1u);
+      lab::mbar_wait(full + 8 * slot, uint32_t(idx / RS) & 1u);
       lab::wgmma_fence();
       for (int ks = 0; ks < f2 / kStepK; ++ks) {  // k = i down the f2 rows of every box, 16 rows = 2048 B a step
         const uint64_t db = desc(w2s + uint32_t(ks * 2048), uint32_t(f2 * 128));
@@ -367,10 +374,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
       // chunk q+1's loads overlap chunk q's wgmma), release it, multiply
       uint32_t fa[2][KSC][MT][4];
       auto chunk = [&](int q, uint32_t(&f)[KSC][MT][4]) {
-        const long idx = n * cps + q;
-        const int slot = int(idx % S);
+        const long idx = (pp ? n >> 1 : n) * cps + q;
+        const int slot = ring + int(idx % RS);
         const uint32_t xs = base + uint32_t(slot) * a.slot_bytes;
-        lab::mbar_wait(full + 8 * slot, uint32_t(idx / S) & 1u);
+        lab::mbar_wait(full + 8 * slot, uint32_t(idx / RS) & 1u);
         lab::wgmma_wait<1>();  // the wgmma that read this register set (chunk q - 2) are done
         fence_frag<KSC, MT>(f);
 #pragma unroll
@@ -489,7 +496,9 @@ Plan layout(int f1, int f2, int c, int slots, int cfg) {
   const int mtiles = f1 / 64, held = cfg == 1 ? mtiles : (mtiles + 1) / 2;
   const int mt_max = kTF32 ? (c == 64 ? 2 : 1) : 256 / c;
   // a sample's chunks must fit the ring at once in bf16 (one slot a sample); TF32 needs two chunks in flight
-  p.ok = p.smem <= device_facts().smem_optin && held <= mt_max && slots >= 2;
+  // ping-pong: a ring of slots/2 per consumer (TF32: at least two chunks each, so one loads while one is read)
+  const bool ring_ok = cfg == 1 ? slots % 2 == 0 && slots / 2 >= (kTF32 ? 2 : 1) : slots >= 2;
+  p.ok = p.smem <= device_facts().smem_optin && held <= mt_max && ring_ok;
   return p;
 }
 
