@@ -515,8 +515,7 @@ template <int NC> void optin() {
 // same for both schedules, measured), then each further sample at the larger of its multiplies and its share of HBM
 // (~20 B/clk an SM): ping-pong overlaps one warpgroup's epilogue with the other's wgmma, split does not. Measured on
 // the H100 (bf16, 128 × 128, graph): batch 1024 split 31.2 us, ping-pong 28.7 us; batch 32 (one sample a block) 7.7 us
-// either way, c = 64 ahead of c = 128 (8.2 us). TF32 multiplies at half the bf16 rate, its fragments through
-// registers at about half again.
+// either way, c = 64 ahead of c = 128 (8.2 us).
 Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
   Plan best;
   if (!supported(B, f, K)) return best;
@@ -531,9 +530,11 @@ Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
       const long items = B * p.nslices;
       p.grid = int(std::min<long>(items, std::max(sms / p.nslices, 1) * long(p.nslices)));
       const long per_block = (B + p.grid / p.nslices - 1) / (p.grid / p.nslices);
-      const double mac = double(c) * f1 * double(f1 + f2) * (kTF32 ? 3.0 : 1.0);
-      const double first = mac / 2048.0 + 2500.0;
-      const double next = cfg == 1 ? mac / 1400.0 : mac / 1024.0 + 1000.0;
+      const double mac = double(c) * f1 * double(f1 + f2);
+      const double first = mac * (kTF32 ? 3.0 : 1.0) / 2048.0 + 2500.0;
+      // TF32 (fitted): ~270 MAC/clk an SM either way (the fragments' shared loads and roundings set the pace) plus
+      // ~1200 clk of epilogue a sample; measured at batch 1024: c = 128 split 77.4 us, c = 64 split 82.5, ping-pong 82.6
+      const double next = kTF32 ? mac / 270.0 + 1200.0 : cfg == 1 ? mac / 1400.0 : mac / 1024.0 + 1000.0;
       const double mem = double(f1) * (f2 + c) * E / 20.0;
       p.cost = first + double(per_block - 1) * std::max(next, mem);
       if (!best.ok || p.cost < best.cost * 0.999) best = p;
