@@ -535,7 +535,8 @@ IDEAS = {
     "v2": "CUDA: one fused kernel, the sample's state in shared memory from W_K to W_1",
     "v3": "CUDA: v2's fusion on tensor cores (mma.sync TF32 / bf16, ldmatrix), the state stored in the next A layout",
     "v4": "CUDA: two factors on wgmma: x, W staged transposed into swizzled K-major tiles, the state kept on chip",
-    "v5": "CUDA: v4's wgmma steps fed by TMA: x in flight in a ring, y out by TMA store (bf16: operands MN-major as in memory; TF32: x through registers)",
+    "v5": ("CUDA: v4's wgmma steps fed by TMA: x in flight in a ring, y out by TMA store (bf16: operands MN-major as "
+           "in memory; TF32: x through registers)"),
     "torch": "PyTorch as one writes it: reshape / matmul / movedim per factor (a copy per factor)",
     "torch.bmm": "PyTorch: one strided-batched GEMM per factor, axis move folded into the operand layout",
     "torch.bmm.tf32": "torch.bmm with TF32 on (cuBLAS TF32): v3's baseline on float32 tensors",
