@@ -31,6 +31,10 @@
 //   v4: two factors (multiples of 64) on wgmma: K-major 128-byte-swizzled tiles staged transposed by the threads,
 //       one persistent block per SM with the factors resident and the next sample prefetched into registers (v4.cu);
 //       v3 elsewhere.
+//   v5: v4's two wgmma steps fed by TMA (v5.cu): a producer warpgroup keeps a ring of x in flight, two consumer
+//       warpgroups multiply (split or ping-pong), the state and y leave through shared memory, y by TMA store. bf16:
+//       x and the factors MN-major as TMA copies them; TF32: x through registers, the factors staged once. v3
+//       elsewhere.
 //
 // Napkin math (H100, fp32, factors 128×128, N = 16384): FLOP = 2·B·N·Σf_k = 8.4 MFLOP per sample; bytes = 2·N·4 =
 // 128 KB per sample (read x, write y): 64 FLOP/byte, compute-bound. B = 32: 268 MFLOP — 4.0 us at the datasheet's
@@ -64,6 +68,7 @@
 //                configurations' kernels through the binding (FusedKernels below)
 //   v3.cu        v3: kernel, planner and launch, built per dtype (f32 = TF32, bf16) and configuration (8 or 4 warps)
 //   v4.cu        v4: kernel, planner and launch, built per dtype (f32 = TF32, bf16); sm_90a only
+//   v5.cu        v5: kernel, planner and launch, built per dtype (f32 = TF32, bf16); sm_90a only
 // The others are built once per dtype (`// lab:variants dtype=f32,f64`); launchers are registered as "name@f32",
 // "name@f64" (v2.cu: "name@f32,0" ...); cpp_src/kron/kron.cpp (the binding) picks them by name, and asks v2's plan
 // before it launches v2.
