@@ -158,15 +158,6 @@ __device__ __forceinline__ void mma_ra(float* d, const uint32_t (&a)[4], uint64_
 #endif
 }
 
-// The box at (c0, c1) of a tensor map into L2 only (no shared memory, no barrier).
-__device__ __forceinline__ void prefetch_l2(const CUtensorMap* map, int c0, int c1) {
-#ifdef LAB_SM90A
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1)
-               : "memory");
-#endif
-}
-
 // The warpgroup index through a shuffle, so that ptxas knows it is warp-uniform (v4.cu says why it matters).
 __device__ __forceinline__ int warpgroup() { return __shfl_sync(0xffffffffu, int(threadIdx.x) >> 7, 0); }
 
@@ -305,17 +296,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
         for (int q = 0; q < NC / 64; ++q) lab::tma_load_2d(w2s + uint32_t(q * f2 * 128), &tw2, j0 + q * 64, 0, wbar);
         for (int q = 0; q < f1 / 64; ++q) lab::tma_load_2d(w1s + uint32_t(q * f1 * 128), &tw1, q * 64, 0, wbar);
       }
-      // x of the sample `ahead` samples on goes to L2 before its slots are free (a prefetch needs no shared memory):
-      // the ring's own loads then wait on L2, not HBM. ncu of the TF32 build at batch 1024 (c = 128: two 16-KB
-      // chunks of ring) had the consumers mostly waiting for x with DRAM under half busy.
-      const int ahead = min(2, max(1, S / cps));
       for (long n = 0; n < items; ++n)
         for (int q = 0; q < cps; ++q) {
-          if (q == 0 && n + ahead < items) {
-            const int prow = int((b0 + (n + ahead) * bstep) * f2);
-            for (int qq = 0; qq < cps; ++qq)
-              for (int bx = 0; bx < f1 / kBox; ++bx) prefetch_l2(&tx, bx * kBox, prow + qq * kc);
-          }
           const int owner = pp ? int(n & 1) : 0;                   // the ring of the warpgroup that takes it
           const long idx = (pp ? n >> 1 : n) * cps + q;             // the chunk's place in that ring
           const int slot = owner * RS + int(idx % RS);
