@@ -44,6 +44,11 @@
 // 134 MB of x and y, 45 us at the 3.0 TB/s copy probe; 8.6 GFLOP, 17 us at the dense TF32 rate. Shared memory at
 // c = 64: W_2ᵀ slice 32 KB, W_1ᵀ 64, T/Y 32, six 16-KB chunks of x: 224 KB.
 //
+// Tried and taken out: the producer prefetching x of the sample one or two on into L2
+// (cp.async.bulk.prefetch.tensor) ahead of the ring's TMA loads, against the TF32 build's wait for x at batch 1024.
+// Slower everywhere on the H100 (graph): TF32 batch 1024 77.3 -> 87.1 us, batch 4096 231 -> 281 us; bf16 batch 1024
+// 30.5 -> 34.0 us, batch 32 7.8 -> 9.5 us.
+//
 // Scope: K = 2, f_1 and f_2 multiples of 64 up to 256 (a TMA box has at most 256 rows), bfloat16 or float32 (TF32),
 // an sm_90 device (wgmma; the module is built for sm_90a); elsewhere the plan says fits = 0 and the binding runs v3.
 // lab:variants dtype=f32,bf16
