@@ -287,7 +287,8 @@ def test_bfloat16_is_for_the_tensor_core_versions_only():
     # the C++ boundary says which versions take bfloat16 (3 and 4; 0-2 are SIMT / CPU code in float32 and float64)
     x, *ws = _inputs(2, "2x3", torch.bfloat16, "cpu")
     for v in (0, 1, 2):
-        with pytest.raises(TypeError, match=r"kron: x is BFloat16, which only versions 3, 4 and 5 \(tensor cores\) take"):
+        with pytest.raises(TypeError, match=r"kron: x is BFloat16, which only versions 3, 4 and 5 \(tensor cores\) "
+                           r"take"):
             K.ext().forward(x, ws, torch.empty_like(x), [], v, -1, 0)
     with pytest.raises(TypeError, match=r"x must be Float or BFloat16, got Double"):  # and v3 no float64
         K.ext().forward(x.double(), [w.double() for w in ws], torch.empty_like(x.double()), [], 3, -1, 0)

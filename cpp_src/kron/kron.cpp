@@ -58,8 +58,8 @@ Sizes check_layer(const at::Tensor& x, const std::vector<at::Tensor>& factors, i
     lab::check_dtype(x, "x", {at::kFloat, at::kBFloat16});
   } else {
     lab::check_defined(x, "x");
-    LAB_CHECK_TYPE(x.scalar_type() != at::kBFloat16, "kron: x is BFloat16, which only versions 3, 4 and 5 (tensor cores) "
-                   "take; versions 0-2 take Float or Double");
+    LAB_CHECK_TYPE(x.scalar_type() != at::kBFloat16, "kron: x is BFloat16, which only versions 3, 4 and 5 (tensor "
+                   "cores) take; versions 0-2 take Float or Double");
     lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
   }
   lab::check_dim(x, "x", 2, "(batch, N)");
@@ -225,8 +225,9 @@ void v5_plan(at::ScalarType dt, const Sizes& s, int64_t cfg, int64_t cols, int64
 #endif
 
 // Versions 3, 4 and 5 (tensor cores: TF32 on Float, bf16 on BFloat16). Versions 4 and 5 run where their plans fit,
-// else version 3; where no configuration of version 3 fits in shared memory it runs version 2: on Float tensors as they are
-// (strict fp32, more precise than asked), on BFloat16 ones through Float copies (rounded back once, at the end).
+// else version 3; where no configuration of version 3 fits in shared memory it runs version 2: on Float tensors as
+// they are (strict fp32, more precise than asked), on BFloat16 ones through Float copies (rounded back once, at the
+// end).
 at::Tensor forward_tc(const at::Tensor& x, const std::vector<at::Tensor>& factors, at::Tensor out, const Sizes& s,
                       int64_t version, int64_t cfg, int64_t cols) {
 #ifdef LAB_WITH_CUDA
@@ -453,7 +454,8 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Kronecker-factored linear layer y = x (W_K kron ... kron W_1); version 0 = C++ CPU code, 1 = per-factor "
-            "CUDA kernels, 2 = fused CUDA kernel, 3 = fused on tensor cores (TF32 / bf16), 4 = two factors on wgmma, 5 = wgmma fed by TMA";
+            "CUDA kernels, 2 = fused CUDA kernel, 3 = fused on tensor cores (TF32 / bf16), 4 = two factors on wgmma, "
+            "5 = wgmma fed by TMA";
   m.def("forward", lab::bind(forward),
         "forward(x, factors, out, states, version, cfg, cols) -> out = x (W_K kron ... kron W_1)");
   m.def("backward", lab::bind(backward),

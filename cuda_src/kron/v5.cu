@@ -537,8 +537,8 @@ Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
       const long per_block = (B + p.grid / p.nslices - 1) / (p.grid / p.nslices);
       const double mac = double(c) * f1 * double(f1 + f2);
       const double first = mac * (kTF32 ? 3.0 : 1.0) / 2048.0 + 2500.0;
-      // TF32 (fitted): ~270 MAC/clk an SM either way (the fragments' shared loads and roundings set the pace) plus
-      // ~1200 clk of epilogue a sample; measured at batch 1024: c = 128 split 77.4 us, c = 64 split 82.5, ping-pong 82.6
+      // TF32 (fitted): ~270 MAC/clk an SM either way plus ~1200 clk of epilogue a sample; measured at batch 1024:
+      // c = 128 split 77.4 us, c = 64 split 82.5, ping-pong 82.6 (ncu: the consumers mostly wait for x)
       const double next = kTF32 ? mac / 270.0 + 1200.0 : cfg == 1 ? mac / 1400.0 : mac / 1024.0 + 1000.0;
       const double mem = double(f1) * (f2 + c) * E / 20.0;
       p.cost = first + double(per_block - 1) * std::max(next, mem);
