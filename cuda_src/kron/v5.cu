@@ -28,10 +28,11 @@
 // Napkin math (H100 SXM, bf16, 128 × 128, c = 128): per sample 2 · 128³ = 4.2 M MAC, 32 KB of x in and 32 KB of y
 // out. Batch 1024 on 132 SMs: 7.8 samples an SM; the 67 MB of x and y take 22 us at the 3.0 TB/s the lab's copy probe
 // measures, the multiplies 9 us at the dense bf16 rate. Shared memory: slots × 32 KB of x, W_2 slice 32, W_1 32, T/Y
-// 32 KB (two for ping-pong): 3 slots = 224 KB. Two samples in flight ahead of the one multiplied (64 KB an SM) cover
-// the ~40 KB Little's law asks of an SM for 3 TB/s at ~1.5 us of latency. Batch 32: c = 64 gives 64 blocks of one
-// (sample, half) each; the floor there is one chain: the HBM round trip for x and the factors, two dependent
-// products, the store.
+// 32 KB: split takes 4 slots (224 KB); ping-pong's second T/Y buffer leaves 2, one per consumer's ring (192 KB).
+// Little's law asks ~40 KB in flight an SM for 3 TB/s at ~1.5 us of latency. Measured (H100, graph): 30.5 us at batch 1024,
+// ncu: DRAM at 62% of the copy probe, the tensor pipe at 55%. Batch 32: c = 64 gives 64 blocks of one (sample, half)
+// each; the floor there is one chain: the HBM round trip for x and the factors, two dependent products, the store
+// (7.8 us; batch 1: 7.0 us).
 //
 // TF32 (float32 tensors, the "f32" build). TF32 wgmma takes only K-major shared operands, and x[b] is MN-major in
 // step 1 whichever way the product is written. So there x goes through registers: the A operand of step 1 may come
@@ -42,7 +43,10 @@
 // into K-major tiles and rounded (v4's staging, done once instead of per sample); the state and y leave the
 // accumulators by 32-bit stores (stmatrix moves 16-bit elements only). Napkin math (fp32, 128 × 128, batch 1024):
 // 134 MB of x and y, 45 us at the 3.0 TB/s copy probe; 8.6 GFLOP, 17 us at the dense TF32 rate. Shared memory at
-// c = 64: W_2ᵀ slice 32 KB, W_1ᵀ 64, T/Y 32, six 16-KB chunks of x: 224 KB.
+// c = 128: W_2ᵀ 64 KB, W_1ᵀ 64, T/Y 64, two 16-KB chunks of x (224 KB); at c = 64: 32 + 64 + 32 and six chunks.
+// Measured (H100, graph, batch 1024): c = 128 77.4 us, c = 64 82.5 us (each block loads every x fragment for half
+// the outputs). ncu at c = 128: DRAM 45% of the copy probe, the tensor pipe at 28%, the warps mostly waiting for x
+// (long scoreboard): two chunks in flight are short of the ~40 KB above.
 //
 // Tried and taken out: the producer prefetching x of the sample one or two on into L2
 // (cp.async.bulk.prefetch.tensor) ahead of the ring's TMA loads, against the TF32 build's wait for x at batch 1024.
