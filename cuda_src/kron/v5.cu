@@ -523,8 +523,9 @@ template <int NC> void optin() {
 // Estimated clock cycles of the busiest block: its first sample's chain (the loads' round trip and both steps; the
 // same for both schedules, measured), then each further sample at the larger of its multiplies and its share of HBM
 // (~20 B/clk an SM): ping-pong overlaps one warpgroup's epilogue with the other's wgmma, split does not. Measured on
-// the H100 (bf16, 128 × 128, graph): batch 1024 split 31.2 us, ping-pong 28.7 us; batch 32 (one sample a block) 7.7 us
-// either way, c = 64 ahead of c = 128 (8.2 us).
+// the H100 (bf16, 128 × 128, graph): batch 1024 split 31.2 us, ping-pong 30.5 us (28.7 us with one ring shared by
+// the consumers, which raced: see the kernel); batch 32 (one sample a block) 7.7 us either way, c = 64 ahead of
+// c = 128 (8.2 us).
 Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
   Plan best;
   if (!supported(B, f, K)) return best;
