@@ -284,7 +284,7 @@ def test_cuda_version_on_cpu_tensors_is_refused():
 
 
 def test_bfloat16_is_for_the_tensor_core_versions_only():
-    # the C++ boundary says which versions take bfloat16 (3 and 4; 0-2 are SIMT / CPU code in float32 and float64)
+    # the C++ boundary says which versions take bfloat16 (3, 4 and 5; 0-2 are SIMT / CPU code in float32 and float64)
     x, *ws = _inputs(2, "2x3", torch.bfloat16, "cpu")
     for v in (0, 1, 2):
         with pytest.raises(TypeError, match=r"kron: x is BFloat16, which only versions 3, 4 and 5 \(tensor cores\) "
