@@ -58,18 +58,12 @@ __device__ __forceinline__ uint32_t swz(int R, int r, int k) {
 }
 
 __device__ __forceinline__ uint32_t to_tf32(float v) { return lab::round_tf32(v); }  // lab_gemm.cuh's cvt.rna
-__device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
-}
+using lab::sts32;
 __device__ __forceinline__ void sts16(uint32_t a, unsigned short v) {
   asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(a), "h"(v) : "memory");
 }
 
-__device__ __forceinline__ void fence_proxy_async() {
-#ifdef LAB_SM90A
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void fence_proxy_async() { lab::fence_proxy_async_smem(); }
 
 // The 32 accumulators of an m64n64 tile.
 #define KRON_WG_ACC32(d) LAB_WG_ACC8(d, 0), LAB_WG_ACC8(d, 8), LAB_WG_ACC8(d, 16), LAB_WG_ACC8(d, 24)

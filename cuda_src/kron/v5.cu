@@ -63,7 +63,6 @@
 #include <cuda_bf16.h>
 
 #include <climits>
-#include <mutex>
 
 namespace kron {
 namespace tma {
@@ -188,14 +187,8 @@ __device__ __forceinline__ void fence_acc(float (&acc)[MT][NC / 2]) {
   for (int i = 0; i < MT; ++i) lab::fence_regs<NC / 2>(acc[i]);
 }
 
-__device__ __forceinline__ uint32_t lds32(uint32_t a) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
-  return v;
-}
-__device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
-}
+using lab::lds32;
+using lab::sts32;
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -570,39 +563,9 @@ void plan_info(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int
   info[kStages] = p.slots;  // ring slots: samples (bf16) or 32-row chunks of one (TF32)
 }
 
-// cuTensorMapEncodeTiled costs the host microseconds a call and a launch needs four maps: at batch 32 the first
-// build's eager call was host-bound (40 us against v3's 25). A map is a pure function of its arguments (address,
-// sizes, box), so the recent ones are kept: the factors come back at the same address every call, and the caching
-// allocator hands x and y the same few. Never stale: a different tensor at a cached address has the same map.
+// the tensor maps of a launch, through lab_sm90.cuh's cache (four encodings a call made small batches host-bound)
 bool tensor_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int box_rows) {
-  struct Entry {
-    CUtensorMap map;
-    const void* base;
-    int64_t cols, rows;
-    int box_rows, dev;
-  };
-  constexpr int kEntries = 32;
-  static std::mutex mu;
-  static Entry cache[kEntries];
-  static int used = 0, next = 0;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  {
-    std::lock_guard<std::mutex> g(mu);
-    for (int i = 0; i < used; ++i) {
-      const Entry& e = cache[i];
-      if (e.base == base && e.cols == cols && e.rows == rows && e.box_rows == box_rows && e.dev == dev) {
-        *map = e.map;
-        return true;
-      }
-    }
-  }
-  if (!lab::make_tensor_map(map, base, kMapType, E, cols, rows, box_rows)) return false;
-  std::lock_guard<std::mutex> g(mu);
-  cache[next] = Entry{*map, base, cols, rows, box_rows, dev};
-  next = (next + 1) % kEntries;
-  used = used < kEntries ? used + 1 : kEntries;
-  return true;
+  return lab::cached_tensor_map(map, base, kMapType, E, cols, rows, box_rows);
 }
 
 cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, int K, int64_t B, int64_t N, int cfg,

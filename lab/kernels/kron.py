@@ -319,8 +319,8 @@ def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor 
     """y = x · (W_K ⊗ … ⊗ W_1) into `out` with the compiled code, no autograd. x: (batch, N).
 
     states: None, or K-1 tensors (batch, N) that receive the intermediate states F_1 … F_{K-1} (for `backward`;
-    not v3). cfg, cols: force the CUDA block configuration (v1/v2: 0..2, v3: 0..1) and the fused kernels' slice width
-    (kron.tune); -1 / 0 = automatic.
+    not v3). cfg, cols: force the CUDA block configuration (v1/v2: 0..2, v3: 0..1, v5: 0 split or 1 ping-pong) and the
+    fused kernels' slice width (kron.tune); -1 / 0 = automatic.
     """
     check_inputs(x, factors)
     out = torch.empty_like(x) if out is None else out
