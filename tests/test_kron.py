@@ -359,7 +359,8 @@ def test_v4_v5_every_slice_width(batch, factors, dtype, version):
     f2 = K.parse_factors(factors)[-1]
     tried = 0
     for cols in [c for c in (64, 128, 192, 256, 320) if f2 % c == 0]:
-        for cfg in ((0, 1) if version == "v5" else (-1,)):  # v5: split and ping-pong
+        # v5: split, ping-pong and (TF32, f_1 <= 128) split with W_1 in registers
+        for cfg in ((0, 1, 2) if version == "v5" else (-1,)):
             p = K.plan(batch, factors, dtype, "cuda", cfg=cfg, cols=cols, version=version)
             if not p["fits"]:
                 continue
@@ -371,6 +372,10 @@ def test_v4_v5_every_slice_width(batch, factors, dtype, version):
         assert not K.plan(batch, factors, dtype, "cuda", version=version)["fits"]
     if version == "v5" and factors in ("128x128", "64x64", "64x128") + (("192x64",) if dtype == torch.bfloat16 else ()):
         assert tried, f"v5 should take {dtype} {factors}"  # (TF32 192x64: W_1ᵀ alone is 144 KB)
+    if version == "v5":  # cfg 2 is the TF32 build's, for f_1 of 64 or 128 (and f_2 up to 256, as all of v5)
+        f1, f2 = K.parse_factors(factors)
+        want = dtype == torch.float32 and f1 <= 128 and f2 <= 256
+        assert K.plan(batch, factors, dtype, "cuda", cfg=2, version="v5")["fits"] == want
     verify.assert_close(K.forward(x, ws, out=torch.full_like(x, math.nan), version=version), ref, dtype,
                         precision=prec, what=f"{version} (planned)")
 

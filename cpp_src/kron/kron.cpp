@@ -159,7 +159,8 @@ FusedKernels fused_kernels(at::ScalarType t) {
 using V3Plan = void (*)(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* info);
 using V3Forward = cudaError_t (*)(const void* x, void* y, const void* const* w, const int* f, int K, int64_t B,
                                   int64_t N, int cols, cudaStream_t);
-// cuda_src/kron/v5.cu: the same with the schedule (cfg: -1 automatic, 0 split, 1 ping-pong)
+// cuda_src/kron/v5.cu: the same with the schedule (cfg: -1 automatic, 0 split, 1 ping-pong, 2 split with W_1 in
+// registers: TF32, f_1 <= 128)
 using V5Plan = void (*)(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int64_t* info);
 using V5Forward = cudaError_t (*)(const void* x, void* y, const void* const* w, const int* f, int K, int64_t B,
                                   int64_t N, int cfg, int cols, cudaStream_t);
@@ -298,8 +299,8 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
   if (version >= 3) {
     LAB_CHECK_VALUE(states.empty(), "kron: version ", version, " has no backward yet and saves no states; pass "
                     "states=[]");
-    LAB_CHECK_VALUE(cfg <= 1, "kron: versions 3-5 have configurations 0 and 1 (v3: 8 or 4 warps; v5: split or "
-                    "ping-pong), got cfg ", cfg);
+    LAB_CHECK_VALUE(cfg <= 1 || version == 5, "kron: versions 3 and 4 have configurations 0 and 1 (v3: 8 or 4 "
+                    "warps), got cfg ", cfg);
     return forward_tc(x, factors, out, s, version, cfg, cols);
   }
   const int K = int(s.f.size());

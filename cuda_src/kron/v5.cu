@@ -47,6 +47,11 @@
 // Measured (H100, graph, batch 1024): c = 128 77.4 us, c = 64 82.5 us (each block loads every x fragment for half
 // the outputs). ncu at c = 128: DRAM 45% of the copy probe, the tensor pipe at 28%, the warps mostly waiting for x
 // (long scoreboard): two chunks in flight are short of the ~40 KB above.
+// cfg 2 frees that shared memory: step 2's A operand, W_1ᵀ, may come from registers too, and it is the same for every
+// sample, so each consumer thread loads its fragments once (64 registers at f_1 = 128; a warpgroup holds one 64-row
+// tile in "split") and W_1ᵀ's 64 KB go to the ring: six chunks (96 KB) in flight at c = 128. Measured (H100, graph,
+// same run): batch 1024 69.6 us against split's 76.4 (torch.bmm.tf32 106.0), batch 4096 213.4 against 229.9, batch
+// 32 (c = 64) 20.7 against 21.9.
 //
 // Tried and taken out: the producer prefetching x of the sample one or two on into L2
 // (cp.async.bulk.prefetch.tensor) ahead of the ring's TMA loads, against the TF32 build's wait for x at batch 1024.
@@ -83,13 +88,14 @@ constexpr int kChunkTF32 = 32;       // rows of x[b] per ring slot in TF32 (bf16
 constexpr int kBlockThreads = 384;   // a producer warpgroup (one thread issues the copies) and two consumers
 constexpr int kMaxSlots = 8;
 constexpr int kMaxF = 256;           // TMA box rows
+constexpr int kW1Steps = 16;         // cfg 2 (TF32): k-steps of W_1ᵀ held in registers, f_1 <= 128
 
 struct Args {
   long B;
   const Elem* w1;  // TF32: the factors, staged by the threads (bf16: TMA)
   const Elem* w2;
   int f1, f2, nslices, slots, kc;  // kc: rows of x[b] per slot (bf16: f2)
-  bool pingpong;                   // cfg 1 (below)
+  bool pingpong;                   // cfg 1 (below); cfg 2 is the kernel's W1R
   uint32_t slot_bytes, t_bytes, off_w2, off_w1, off_t, off_bar;  // byte offsets from the 1024-aligned base (slots at 0)
 };
 
@@ -255,14 +261,19 @@ __device__ __forceinline__ void stage_factor_t(uint32_t dst, const float* __rest
 // a sample's latency is halved, for blocks with one or two samples), or each warpgroup on every other sample with all
 // of its tiles and a T/Y buffer of its own (1, "ping-pong": one warpgroup's stores and barriers run while the other's
 // wgmma keep the tensor cores busy). The ring holds `slots` chunks of kc rows of x[b] (bf16: whole samples).
-template <int NC>
+// W1R (cfg 2, TF32 only): "split", with W_1ᵀ — step 2's A operand — held in registers as wgmma fragments for the
+// whole kernel instead of in shared memory. At f_1 = 128 that is 16 k-steps × 4 = 64 registers a thread (a warpgroup
+// holds one 64-row tile), and it frees W_1ᵀ's 64 KB for the ring: six 16-KB chunks of x in flight instead of two at
+// c = 128, against the wait for x that bounds cfg 0 (see the header).
+template <int NC, bool W1R>
 __global__ void __launch_bounds__(kBlockThreads, 1)
     tma_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw2,
                const __grid_constant__ CUtensorMap tw1, const __grid_constant__ CUtensorMap ty,
                const __grid_constant__ Args a) {
 #ifdef LAB_SM90A
   // 64-row tiles a warpgroup can hold: 128 accumulators a thread (bf16); TF32 also keeps two chunks of A fragments
-  constexpr int MT = kTF32 ? (NC == 64 ? 2 : 1) : 256 / NC;
+  constexpr int MT = W1R ? 1 : kTF32 ? (NC == 64 ? 2 : 1) : 256 / NC;
+  static_assert(!W1R || kTF32, "W_1 in registers: the TF32 build's register-A wgmma");
   constexpr int KSC = kChunkTF32 / 8;  // TF32 k-steps per chunk
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (lab::smem_u32(smem_raw) + 1023) & ~1023u;  // the swizzle repeats every 1024 B
@@ -327,7 +338,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
   const int ring = pp ? c * RS : 0;                               // my ring's first slot
   if constexpr (kTF32) {  // the factors, transposed to K-major and rounded, once
     stage_factor_t(w2s, reinterpret_cast<const float*>(a.w2), f2, f2, j0, NC, ctid);  // Elem is float here
-    stage_factor_t(w1s, reinterpret_cast<const float*>(a.w1), f1, f1, 0, f1, ctid);
+    if constexpr (!W1R) stage_factor_t(w1s, reinterpret_cast<const float*>(a.w1), f1, f1, 0, f1, ctid);
     lab::fence_proxy_async_smem();
     lab::named_barrier(3, 256);
   } else {
@@ -348,6 +359,25 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
           const int p = 64 * (t0 + tstep * i) + 16 * warp + g + 8 * h, r = t + 4 * hi;
           aoff[i][h][hi] = uint32_t((p / kBox) * kc * 128) + swz(r, (p % kBox) * 4);
         }
+  }
+
+  // W1R: step 2's A = W_1ᵀ (M = n, K = p; A(n, p) = W_1[p][n]) for my one m-tile, in the fragment layout of
+  // mma_ra: a[0..3] = A(n, k), A(n + 8, k), A(n, k + 4), A(n + 8, k + 4), n = 64·t0 + 16·warp + g, k = 8·ks + t;
+  // rounded to TF32 once. The loads run once per block (each warp reads 4 rows × 32 B a k-step).
+  uint32_t w1f[W1R ? kW1Steps : 1][4];
+  if constexpr (W1R) {
+    const float* w1 = reinterpret_cast<const float*>(a.w1);
+    const int g = lane >> 2, t = lane & 3, nr = 64 * t0 + 16 * warp + g, ksteps = tiles > 0 ? f1 / 8 : 0;
+#pragma unroll
+    for (int ks = 0; ks < kW1Steps; ++ks) {
+      const float* r0 = w1 + long(8 * ks + t) * f1 + nr;
+      const float* r4 = r0 + 4L * f1;
+      const bool in = ks < ksteps;  // f_1 = 64: eight k-steps; a warpgroup with no tile loads nothing
+      w1f[ks][0] = in ? lab::round_tf32(__ldg(r0)) : 0u;
+      w1f[ks][1] = in ? lab::round_tf32(__ldg(r0 + 8)) : 0u;
+      w1f[ks][2] = in ? lab::round_tf32(__ldg(r4)) : 0u;
+      w1f[ks][3] = in ? lab::round_tf32(__ldg(r4 + 8)) : 0u;
+    }
   }
 
   float acc[MT][NC / 2];
@@ -425,19 +455,28 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
 
     // ---- step 2: Yᵀ (n × j) = W_1ᵀ · Tᵀ; B = T, K-major: k = p, kBox per slab of NC rows
     lab::wgmma_fence();
-    for (int ks = 0; ks < f1 / kStepK; ++ks) {
-      const int k = ks * kStepK;
-      const uint64_t db = desc(ts + uint32_t((k / kBox) * NC * 128 + (k % kBox) * E), 16u);
+    if constexpr (W1R) {
 #pragma unroll
-      for (int i = 0; i < MT; ++i)
-        if (i < tiles) {
-          const int mt = t0 + tstep * i;
-          if constexpr (!kTF32)  // W_1 as TMA left it: (p rows, 64-wide n boxes), MN-major
-            mma<NC, 1, 0>(acc[i], desc(w1s + uint32_t(mt * f1 * 128 + ks * 2048), uint32_t(f1 * 128)), db, ks > 0);
-          else  // W_1ᵀ staged K-major: rows n, 32-wide slabs of p
-            mma<NC, 0, 0>(acc[i], desc(w1s + uint32_t((k >> 5) * f1 * 128 + mt * 64 * 128 + (k & 31) * 4), 16u), db,
-                          ks > 0);
+      for (int ks = 0; ks < kW1Steps; ++ks)
+        if (ks < f1 / 8 && tiles > 0) {
+          const int k = ks * 8;
+          mma_ra<NC>(acc[0], w1f[ks], desc(ts + uint32_t((k / kBox) * NC * 128 + (k % kBox) * E), 16u), ks > 0);
         }
+    } else {
+      for (int ks = 0; ks < f1 / kStepK; ++ks) {
+        const int k = ks * kStepK;
+        const uint64_t db = desc(ts + uint32_t((k / kBox) * NC * 128 + (k % kBox) * E), 16u);
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+          if (i < tiles) {
+            const int mt = t0 + tstep * i;
+            if constexpr (!kTF32)  // W_1 as TMA left it: (p rows, 64-wide n boxes), MN-major
+              mma<NC, 1, 0>(acc[i], desc(w1s + uint32_t(mt * f1 * 128 + ks * 2048), uint32_t(f1 * 128)), db, ks > 0);
+            else  // W_1ᵀ staged K-major: rows n, 32-wide slabs of p
+              mma<NC, 0, 0>(acc[i], desc(w1s + uint32_t((k >> 5) * f1 * 128 + mt * 64 * 128 + (k & 31) * 4), 16u),
+                            db, ks > 0);
+          }
+      }
     }
     lab::wgmma_commit();
     lab::wgmma_wait<0>();
@@ -491,12 +530,12 @@ Plan layout(int f1, int f2, int c, int slots, int cfg) {
   p.t_bytes = uint32_t(c * f1 * E);
   p.off_w2 = uint32_t(slots) * p.slot_bytes;
   p.off_w1 = p.off_w2 + uint32_t(c * f2 * E);
-  p.off_t = p.off_w1 + uint32_t(f1 * f1 * E);
+  p.off_t = p.off_w1 + (cfg == 2 ? 0u : uint32_t(f1 * f1 * E));  // cfg 2: W_1ᵀ lives in registers
   p.off_bar = p.off_t + (cfg == 1 ? 2 : 1) * p.t_bytes;
   p.smem = long(p.off_bar) + 8 * (2 * kMaxSlots + 1) + 1024;  // + the alignment slack
   // the 64-row tiles a warpgroup holds (the kernel's MT): 128 accumulators a thread; TF32 keeps fragments too
   const int mtiles = f1 / 64, held = cfg == 1 ? mtiles : (mtiles + 1) / 2;
-  const int mt_max = kTF32 ? (c == 64 ? 2 : 1) : 256 / c;
+  const int mt_max = cfg == 2 ? (kTF32 && f1 <= 8 * kW1Steps ? 1 : 0) : kTF32 ? (c == 64 ? 2 : 1) : 256 / c;
   // a sample's chunks must fit the ring at once in bf16 (one slot a sample); TF32 needs two chunks in flight
   // ping-pong: a ring of slots/2 per consumer (TF32: at least two chunks each, so one loads while one is read)
   const bool ring_ok = cfg == 1 ? slots % 2 == 0 && slots / 2 >= (kTF32 ? 2 : 1) : slots >= 2;
@@ -504,12 +543,12 @@ Plan layout(int f1, int f2, int c, int slots, int cfg) {
   return p;
 }
 
-template <int NC> void optin() {
+template <int NC, bool W1R> void optin() {
   static bool done[64] = {};
   int dev = 0;
   cudaGetDevice(&dev);
   if (dev < 0 || dev >= 64 || done[dev]) return;
-  cudaFuncSetAttribute(tma_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, device_facts().smem_optin);
+  cudaFuncSetAttribute(tma_kernel<NC, W1R>, cudaFuncAttributeMaxDynamicSharedMemorySize, device_facts().smem_optin);
   done[dev] = true;
 }
 
@@ -525,7 +564,7 @@ Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
   const int f1 = f[0], f2 = f[1], sms = device_facts().sms;
   for (int c = 128; c >= 64; c /= 2) {
     if (f2 % c || (force_c > 0 && c != force_c)) continue;
-    for (int cfg = 0; cfg < 2; ++cfg) {
+    for (int cfg = 0; cfg < 3; ++cfg) {
       if (force_cfg >= 0 && cfg != force_cfg) continue;
       Plan p;
       for (int s = kMaxSlots; s >= 2 && !p.ok; --s) p = layout(f1, f2, c, s, cfg);
@@ -534,10 +573,15 @@ Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
       p.grid = int(std::min<long>(items, std::max(sms / p.nslices, 1) * long(p.nslices)));
       const long per_block = (B + p.grid / p.nslices - 1) / (p.grid / p.nslices);
       const double mac = double(c) * f1 * double(f1 + f2);
-      const double first = mac * (kTF32 ? 3.0 : 1.0) / 2048.0 + 2500.0;
-      // TF32 (fitted): ~270 MAC/clk an SM either way plus ~1200 clk of epilogue a sample; measured at batch 1024:
-      // c = 128 split 77.4 us, c = 64 split 82.5, ping-pong 82.6 (ncu: the consumers mostly wait for x)
-      const double next = kTF32 ? mac / 270.0 + 1200.0 : cfg == 1 ? mac / 1400.0 : mac / 1024.0 + 1000.0;
+      // cfg 2 skips staging W_1ᵀ (64 KB at f_1 = 128): its chain is shorter (TF32 batch 32, c = 64: 20.7 us, split
+      // 21.9)
+      const double first = mac * (kTF32 ? 3.0 : 1.0) / 2048.0 + (cfg == 2 ? 2300.0 : 2500.0);
+      // TF32 (fitted): ~270 MAC/clk an SM plus ~1200 clk of epilogue a sample; measured at batch 1024: c = 128 split
+      // 76.4-77.4 us, c = 64 split 82.1-82.5, ping-pong 82.6 (ncu: the consumers mostly wait for x). With W_1 in
+      // registers and six chunks in flight (cfg 2), ~290: batch 1024 69.6 us (c = 64: 73.3), 4096 213.4 (split 229.9)
+      const double next = kTF32 ? mac / (cfg == 2 ? 290.0 : 270.0) + 1200.0
+                          : cfg == 1 ? mac / 1400.0
+                                     : mac / 1024.0 + 1000.0;
       const double mem = double(f1) * (f2 + c) * E / 20.0;
       p.cost = first + double(per_block - 1) * std::max(next, mem);
       if (!best.ok || p.cost < best.cost * 0.999) best = p;
@@ -566,6 +610,14 @@ void plan_info(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int
 // the tensor maps of a launch, through lab_sm90.cuh's cache (four encodings a call made small batches host-bound)
 bool tensor_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int box_rows) {
   return lab::cached_tensor_map(map, base, kMapType, E, cols, rows, box_rows);
+}
+
+template <int NC, bool W1R>
+cudaError_t launch(const Plan& p, const CUtensorMap& tx, const CUtensorMap& tw2, const CUtensorMap& tw1,
+                   const CUtensorMap& ty, const Args& a, cudaStream_t s) {
+  optin<NC, W1R>();
+  tma_kernel<NC, W1R><<<unsigned(p.grid), kBlockThreads, size_t(p.smem), s>>>(tx, tw2, tw1, ty, a);
+  return cudaGetLastError();
 }
 
 cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, int K, int64_t B, int64_t N, int cfg,
@@ -602,14 +654,11 @@ cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, 
   a.off_w1 = p.off_w1;
   a.off_t = p.off_t;
   a.off_bar = p.off_bar;
-  if (p.c == 128) {
-    optin<128>();
-    tma_kernel<128><<<unsigned(p.grid), kBlockThreads, size_t(p.smem), s>>>(tx, tw2, tw1, ty, a);
-  } else {
-    optin<64>();
-    tma_kernel<64><<<unsigned(p.grid), kBlockThreads, size_t(p.smem), s>>>(tx, tw2, tw1, ty, a);
-  }
-  return cudaGetLastError();
+  // cfg 2 (W_1 in registers) exists in the TF32 build only: the bf16 build instantiates the shared-memory kernels
+  const bool w1r = kTF32 && p.cfg == 2;
+  if (p.c == 128)
+    return w1r ? launch<128, kTF32>(p, tx, tw2, tw1, ty, a, s) : launch<128, false>(p, tx, tw2, tw1, ty, a, s);
+  return w1r ? launch<64, kTF32>(p, tx, tw2, tw1, ty, a, s) : launch<64, false>(p, tx, tw2, tw1, ty, a, s);
 }
 
 }  // namespace tma

@@ -19,8 +19,8 @@ C++ CPU version). Versions (ours):
   v4          CUDA: two factors (multiples of 64) on wgmma, operands staged K-major in the 128-byte swizzle; v3
               elsewhere
   v5          CUDA: v4's two wgmma steps fed by TMA, a ring of x in flight, y out by TMA store (bfloat16: x and the
-              factors MN-major as they lie in memory; float32: TF32 with x through registers, the factors staged once);
-              v3 elsewhere
+              factors MN-major as they lie in memory; float32: TF32 with x through registers, W_2 staged once and
+              W_1 held in registers); v3 elsewhere
 Baselines (PyTorch, named for what they run):
   torch       what one writes first: per factor reshape / matmul / movedim (every reshape of the moved view copies)
   torch.bmm   one strided-batched GEMM (torch.bmm) per factor, the axis move folded into the operand layout (no
@@ -319,8 +319,8 @@ def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor 
     """y = x · (W_K ⊗ … ⊗ W_1) into `out` with the compiled code, no autograd. x: (batch, N).
 
     states: None, or K-1 tensors (batch, N) that receive the intermediate states F_1 … F_{K-1} (for `backward`;
-    not v3). cfg, cols: force the CUDA block configuration (v1/v2: 0..2, v3: 0..1, v5: 0 split or 1 ping-pong) and the
-    fused kernels' slice width (kron.tune); -1 / 0 = automatic.
+    not v3). cfg, cols: force the CUDA block configuration (v1/v2: 0..2, v3: 0..1, v5: 0 split, 1 ping-pong, 2 split
+    with W_1 in registers, TF32 only) and the fused kernels' slice width (kron.tune); -1 / 0 = automatic.
     """
     check_inputs(x, factors)
     out = torch.empty_like(x) if out is None else out
@@ -442,7 +442,7 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
     cs = sorted({(-(-fK // n) + q - 1) // q * q for n in (1, 2, 4, 8, 16, 32) if -(-fK // n) >= 1}, reverse=True)
     if version in ("v4", "v5"):  # multiples of 64 that divide f_K
         cs = [c for c in range(fK, 63, -64) if fK % c == 0]
-    for cfg in range({"v3": 2, "v4": 1, "v5": 2}.get(version, 3)):
+    for cfg in range({"v3": 2, "v4": 1, "v5": 3}.get(version, 3)):
         for c in cs:
             p = plan(batch, sizes, dtype, device, cfg, c, version=version)
             if not p["fits"] or p["c"] != c:
@@ -536,7 +536,7 @@ IDEAS = {
     "v3": "CUDA: v2's fusion on tensor cores (mma.sync TF32 / bf16, ldmatrix), the state stored in the next A layout",
     "v4": "CUDA: two factors on wgmma: x, W staged transposed into swizzled K-major tiles, the state kept on chip",
     "v5": ("CUDA: v4's wgmma steps fed by TMA: x in flight in a ring, y out by TMA store (bf16: operands MN-major as "
-           "in memory; TF32: x through registers)"),
+           "in memory; TF32: x and W_1 through registers)"),
     "torch": "PyTorch as one writes it: reshape / matmul / movedim per factor (a copy per factor)",
     "torch.bmm": "PyTorch: one strided-batched GEMM per factor, axis move folded into the operand layout",
     "torch.bmm.tf32": "torch.bmm with TF32 on (cuBLAS TF32): v3's baseline on float32 tensors",
