@@ -55,7 +55,8 @@
 // sample, so each consumer thread loads its fragments once (64 registers at f_1 = 128; a warpgroup holds one 64-row
 // tile in "split") and W_1ᵀ's 64 KB go to the ring: six chunks (96 KB) in flight at c = 128. Measured (H100, graph,
 // same run): batch 1024 69.6 us against split's 76.4 (torch.bmm.tf32 106.0), batch 4096 213.4 against 229.9, batch
-// 32 (c = 64) 20.7 against 21.9.
+// 32 (c = 64) 20.7 against 21.9. The ring is no longer what bounds it: 16-row chunks (twelve in flight) measured
+// 71.0 us at batch 1024 and ten 32-row slots at c = 64 75.0, against 70.1 and 73.5 in the same run.
 //
 // Tried and taken out: the producer prefetching x of the sample one or two on into L2
 // (cp.async.bulk.prefetch.tensor) ahead of the ring's TMA loads, against the TF32 build's wait for x at batch 1024.
