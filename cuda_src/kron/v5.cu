@@ -36,7 +36,7 @@
 // flushed, the slowest of the 64 blocks, from the first block's entry): barriers set up 0.6 us (the parameters'
 // fetch), every load issued 1.3, the factors in 1.3, x in 2.4, step 1 done 3.0, T stored 3.3, step 2 done 3.9, y
 // handed to TMA 4.2 and read out 4.5 us. The rest of the 7.8 us is the launch: an empty kernel replayed from a CUDA
-// graph takes 3.2-3.4 us of GPU time (and 3.3-7.7 us of the host's across runs, which lab.timing counts where it is
+// graph takes 3.2-3.5 us of GPU time (and 3.3-7.7 us of the host's across runs, which lab.timing counts where it is
 // the larger). A 1.5x goal against torch.bmm's two GEMMs (9.2 us of GPU time) leaves 6.1 us, 2.9 above that empty
 // kernel, for a chain that takes 4.5 here.
 //
