@@ -157,13 +157,16 @@ def compare_table(rows: list[dict], title: str = "") -> str:
 
 
 def summary_table(rows: list[dict]) -> str:
-    """Plain-text table of the rows with rate columns (what Compare cannot show)."""
-    lines = [f"{'op':<14} {'version':<16} {'dtype':<8} {'shape':<26} {'median us':>10} {'GB/s':>8} {'%copy':>6} "
-             f"{'TFLOP/s':>8} {'%peak':>6} {'speedup':>8}"]
+    """Plain-text table of the rows with rate columns (what Compare cannot show). 'GPU us' is the median of the GPU's
+    part of each repetition (CUDA rows timed since it was recorded): a repetition's time is the larger of the GPU's
+    and the host's, so where 'median us' is above it, the host's issue of the call set the time (small eager calls,
+    and graph replays of short kernels, whose launch costs the host microseconds)."""
+    lines = [f"{'op':<14} {'version':<16} {'dtype':<8} {'shape':<26} {'median us':>10} {'GPU us':>9} {'GB/s':>8} "
+             f"{'%copy':>6} {'TFLOP/s':>8} {'%peak':>6} {'speedup':>8}"]
     for r in rows:
         col = r["version"] + (" (graph)" if r["mode"] == "graph" else "")
         f = lambda x, fmt: (fmt % x) if x is not None else "-"
         lines.append(f"{r['op']:<14} {col:<16} {r['dtype']:<8} {r['shape']:<26} {r['median_us']:>10.2f} "
-                     f"{f(r['gbps'], '%8.1f'):>8} {f(r['pct_copy_bw'], '%5.1f'):>6} {f(r['tflops'], '%8.2f'):>8} "
-                     f"{f(r['pct_peak'], '%5.1f'):>6} {f(r['speedup'], '%7.2fx'):>8}")
+                     f"{f(r.get('gpu_us'), '%9.2f'):>9} {f(r['gbps'], '%8.1f'):>8} {f(r['pct_copy_bw'], '%5.1f'):>6} "
+                     f"{f(r['tflops'], '%8.2f'):>8} {f(r['pct_peak'], '%5.1f'):>6} {f(r['speedup'], '%7.2fx'):>8}")
     return "\n".join(lines)

@@ -178,6 +178,10 @@ def write_summary(skipped: list[str] | None = None, device: str | None = None):
             lines += ["", "Failures:", "```"] + [f"{c['family']}.{c['op']} {c['version']} {c['dtype']} {c['shape']} "
                                                  f"{c['device']}: {c['problem']}" for c in bad] + ["```"]
         lines.append("")
+    if rows and device == "cuda":
+        lines += ["In the tables below, a row's `median us` is the median over repetitions of the larger of the GPU's "
+                  "time (CUDA events) and the host's time to issue the call; `GPU us` is the median of the GPU's part "
+                  "alone. Where `median us` is the larger, the host set the time.", ""]
     for fam in registry.families():
         frows = [r for r in rows if r["family"] == fam.name]
         if not frows:

@@ -85,3 +85,15 @@ def test_each_repetition_is_the_slower_of_the_gpu_and_the_host():
     assert len(t.gpu_us) == len(t.host_us) == t.reps == 7
     assert t.times_us == [max(g, h) for g, h in zip(t.gpu_us, t.host_us)]
     assert all(g > 0 for g in t.gpu_us) and all(h > 0 for h in t.host_us)
+
+
+def test_summary_table_shows_the_gpu_part_beside_the_median():
+    """A host-bound row (its median above its GPU part) shows both numbers; a row without a GPU part shows '-'."""
+    base = {"op": "forward", "dtype": "float32", "shape": "n=8", "gbps": None, "pct_copy_bw": None, "tflops": None,
+            "pct_peak": None, "speedup": None}
+    text = bench.summary_table([{**base, "version": "v5", "mode": "events", "median_us": 24.35, "gpu_us": 7.71},
+                                {**base, "version": "cpu", "mode": "cpu", "median_us": 310.0, "gpu_us": None}])
+    head, v5, cpu = text.splitlines()
+    assert "median us    GPU us" in head
+    assert v5.split()[:6] == ["forward", "v5", "float32", "n=8", "24.35", "7.71"]
+    assert cpu.split()[4:6] == ["310.00", "-"]
