@@ -423,8 +423,9 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
          budget_ms: float = 40.0, version: str = "v2") -> list[dict]:
     """Time every (configuration, slice width) of a fused version that fits, against its automatic choice: rows
     (version, cfg, c, slices, blocks_per_sm, smem_bytes, median_us, auto). version "v2" (float32/float64) also times
-    v1 in every configuration; "v3" (float32 in TF32, bfloat16) its two configurations; "v4" and "v5" their slice widths
-    (where they do not apply, nothing but the automatic row, which then times v3)."""
+    v1 in every configuration; "v3" (float32 in TF32, bfloat16) its two configurations; "v4" its slice widths and "v5"
+    its schedules (cfg 0-2) at each slice width (where they do not apply, nothing but the automatic row, which then
+    times v3)."""
     sizes = parse_factors(sizes)
     g = torch.Generator().manual_seed(0)
     x, *fs = make_forward_inputs({"batch": batch, "factors": factors_label(sizes)}, dtype, torch.device(device), g)
