@@ -33,8 +33,8 @@
 //       v3 elsewhere.
 //   v5: v4's two wgmma steps fed by TMA (v5.cu): a producer warpgroup keeps a ring of x in flight, two consumer
 //       warpgroups multiply (split or ping-pong), the state and y leave through shared memory, y by TMA store. bf16:
-//       x and the factors MN-major as TMA copies them; TF32: x through registers, the factors staged once. v3
-//       elsewhere.
+//       x and the factors MN-major as TMA copies them; TF32: x through registers, W_2 staged once, W_1 held in
+//       registers (schedule 2) or staged once. v3 elsewhere.
 //
 // Napkin math (H100, fp32, factors 128×128, N = 16384): FLOP = 2·B·N·Σf_k = 8.4 MFLOP per sample; bytes = 2·N·4 =
 // 128 KB per sample (read x, write y): 64 FLOP/byte, compute-bound. B = 32: 268 MFLOP — 4.0 us at the datasheet's

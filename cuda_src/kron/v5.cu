@@ -683,5 +683,6 @@ cudaError_t forward(const Elem* x, Elem* y, const Elem* const* w, const int* f, 
 //   kron_v5_plan:    void (int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int64_t* info)
 //   kron_v5_forward: cudaError_t (const T* x, T* y, const T* const* w, const int* f, int K, int64_t B,
 //                                 int64_t N, int cfg, int cols, cudaStream_t)   (T: float (TF32) or bf16)
-//   cfg: -1 automatic, 0 split, 1 ping-pong; fits = 0 where v5 does not apply: the binding then runs v3
+//   cfg: -1 automatic, 0 split, 1 ping-pong, 2 split with W_1 in registers (TF32, f_1 <= 128); fits = 0 where v5
+//   does not apply (or the forced cfg does not fit): the binding then runs v3
 LAB_EXPORTS(LAB_EXPORT("kron_v5_plan", kron::tma::plan_info), LAB_EXPORT("kron_v5_forward", kron::tma::forward))
