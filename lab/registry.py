@@ -79,6 +79,9 @@ class Op:
     size_key: str | None = None            # the shape entry plotted on the x axis of time-against-size
     baseline: str = "torch"                # the version speedups are measured against
     doc: str = ""
+    scale: Callable[..., Any] | None = None  # each output element's own size, from the float64 inputs, where |ref|
+                                           # is not it (verify.compare): for outputs that are sums of products of
+                                           # the inputs, sqrt(reference(inputs²)), the root-sum-square of the terms
 
     def version(self, name: str) -> Version:
         for v in self.versions:

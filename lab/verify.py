@@ -75,8 +75,12 @@ class Comparison:
         return ""
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, k_worst: int = 5) -> Comparison:
-    """Relative and max-abs error of `out` against `ref`; any non-finite value where ref is finite counts."""
+def compare(out: torch.Tensor, ref: torch.Tensor, k_worst: int = 5, scale: torch.Tensor | None = None) -> Comparison:
+    """Relative and max-abs error of `out` against `ref`; any non-finite value where ref is finite counts.
+
+    scale: each element's own size where that is not |ref| (Op.scale: the root-sum-square of the terms an output sums):
+    the errors are then relative to it, so an output whose terms cancel is held to the rounding of its terms rather
+    than to its small value."""
     if out.shape != ref.shape:
         raise ValueError(f"output has shape {tuple(out.shape)}, reference has {tuple(ref.shape)}")
     o = out.detach().to(torch.float64)
@@ -89,9 +93,11 @@ def compare(out: torch.Tensor, ref: torch.Tensor, k_worst: int = 5) -> Compariso
     max_abs = float(diff.max()) if diff.numel() else 0.0
     d = o - r
     num = float(torch.linalg.vector_norm(torch.where(torch.isfinite(d), d, torch.zeros_like(d)))) if d.numel() else 0.0
-    den = float(torch.linalg.vector_norm(torch.where(torch.isfinite(r), r, torch.zeros_like(r)))) if r.numel() else 0.0
+    size = r if scale is None else scale.detach().to(torch.float64).to(o.device)
+    den = float(torch.linalg.vector_norm(torch.where(torch.isfinite(size), size, torch.zeros_like(size)))) \
+        if size.numel() else 0.0
     rel = math.inf if nonfinite else (num / den if den > 0 else num)
-    nz = r[torch.isfinite(r) & (r != 0)]
+    nz = size[torch.isfinite(size) & (size != 0)]
     rms = float(torch.linalg.vector_norm(nz)) / math.sqrt(nz.numel()) if nz.numel() else 0.0
     elem = math.inf if nonfinite else (max_abs / rms if rms > 0 else max_abs)
     worst = []
@@ -226,6 +232,7 @@ def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: t
         gen = torch.Generator().manual_seed(seed)
         inputs = op.make_inputs(shape, dtype, device, gen)
         ref = op.reference(*upcast(inputs, "cpu" if lean else None))
+        scales = _flat(op.scale(*upcast(inputs, "cpu" if lean else None))) if op.scale else None
         try:
             got, problem = run_version(v, fresh_copy(inputs) if v.inplace else inputs)
         except Exception as e:  # a kernel that raises on valid input is a failed check, reported, not a crash
@@ -240,7 +247,7 @@ def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: t
         if len(outs) != len(refs):
             res.passed, res.problem = False, f"{len(outs)} outputs, reference has {len(refs)}"
             return res
-        for o, r in zip(outs, refs):
+        for i, (o, r) in enumerate(zip(outs, refs)):
             if lean:
                 o = o.cpu()   # compared where the reference is: no comparison kernels on the GPU either
             if not o.is_floating_point():
@@ -248,7 +255,7 @@ def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: t
                                float((o.cpu().long() - r.cpu().long()).abs().max()) if o.numel() else 0.0,
                                int((o.cpu() == INT_SENTINEL).sum()), [], o.numel())
             else:
-                c = compare(o, r)
+                c = compare(o, r, scale=scales[i] if scales else None)
             if c.rel_err > res.rel_err or (math.isnan(c.rel_err)):
                 res.rel_err, res.worst = c.rel_err, c.worst
             res.max_abs = max(res.max_abs, c.max_abs)
@@ -261,7 +268,8 @@ def check_version(op: Op, v: Version, shape: dict, dtype: torch.dtype, device: t
                 res.worst = c.worst
         if base is not None:
             bgot = base.fn(*(fresh_copy(inputs) if base.inplace else inputs))
-            err = max(compare(o, r).rel_err for o, r in zip(_flat(bgot), refs) if o.is_floating_point()) \
+            err = max(compare(o, r, scale=scales[i] if scales else None).rel_err
+                      for i, (o, r) in enumerate(zip(_flat(bgot), refs)) if o.is_floating_point()) \
                 if any(o.is_floating_point() for o in _flat(bgot)) else 0.0
             res.torch_rel_err = max(res.torch_rel_err or 0.0, err)
     if not (res.rel_err <= res.tol):
@@ -316,11 +324,14 @@ def record(results_: list[CheckResult], family: str, device) -> None:
         results.append(rows, columns=CHECK_COLUMNS, name="checks.csv")
 
 
-def assert_close(out: Any, ref: Any, dtype: torch.dtype, precision: str | None = None, what: str = "output") -> None:
-    """For tests: raise AssertionError with the worst elements unless every output is within tolerance."""
+def assert_close(out: Any, ref: Any, dtype: torch.dtype, precision: str | None = None, what: str = "output",
+                 scale: Any = None) -> None:
+    """For tests: raise AssertionError with the worst elements unless every output is within tolerance (scale: as
+    compare's, one per output)."""
     tol = tolerance(dtype, precision)
+    scales = _flat(scale) if scale is not None else None
     for i, (o, r) in enumerate(zip(_flat(out), _flat(ref))):
-        c = compare(o, r)
+        c = compare(o, r, scale=scales[i] if scales else None)
         why = c.fails(tol)
         if why:
             worst = "\n".join(f"  at {idx}: got {g!r}, expected {e!r}" for idx, g, e in c.worst)

@@ -290,6 +290,8 @@ def test_bfloat16_is_for_the_tensor_core_versions_only():
         with pytest.raises(TypeError, match=r"kron: x is BFloat16, which only versions 3, 4 and 5 \(tensor cores\) "
                            r"take"):
             K.ext().forward(x, ws, torch.empty_like(x), [], v, -1, 0)
+        with pytest.raises(TypeError, match=r"kron: x is BFloat16, which only versions 3, 4 and 5"):  # backward too
+            K.ext().backward(x, x, ws, [], torch.empty_like(x), [torch.empty_like(w) for w in ws], v)
     with pytest.raises(TypeError, match=r"x must be Float or BFloat16, got Double"):  # and v3 no float64
         K.ext().forward(x.double(), [w.double() for w in ws], torch.empty_like(x.double()), [], 3, -1, 0)
 
@@ -413,19 +415,110 @@ def test_v5_propagates_nan_and_takes_offset_views():
     verify.assert_close(K.forward(x, ws, out=odd, version="v5"), ref, torch.bfloat16, what="v5, misaligned out")
 
 
+# ---- the tensor-core versions' backward (cuda_src/kron/backward_tc.cu): TF32 on float32, bf16 on bfloat16 ----------
+TC_BACKWARD_SHAPES = V3_SHAPES + [(2, "64x128"), (3, "128x64"), (1, "256x128"), (5, "3x1x4")]
+
+
+def _tc_precision(dtype):
+    return "tf32" if dtype == torch.float32 else None  # bfloat16: its own tolerance
+
+
+def _tc_train_check(x, gy, ws, version, dtype, seeds_label, dx_out=None, dws_out=None):
+    """Forward through autograd and the compiled backward into NaN-poisoned outputs, each against float64."""
+    inputs = [x.double(), gy.double(), *[w.double() for w in ws]]
+    ref, scale = K.train_ref(*inputs), K.root_sum_square(K.train_ref)(*inputs)
+    y = K.forward(x, ws, version=version)
+    dx = torch.full_like(x, math.nan) if dx_out is None else dx_out
+    dws = [torch.full_like(w, math.nan) for w in ws] if dws_out is None else dws_out
+    K.backward(gy, x, ws, [], dx, dws, version=version)
+    for name, a, b, sc in zip(["y", "dx"] + [f"dW{k + 1}" for k in range(len(ws))], [y, dx, *dws], ref, scale):
+        verify.assert_close(a, b, dtype, precision=_tc_precision(dtype), what=f"{version} {name} {seeds_label}",
+                            scale=sc)
+
+
 @needs_gpu
-def test_v3_is_forward_only():
-    x, *ws = _inputs(2, "4x8", torch.float32, "cuda")
-    xr = x.requires_grad_()
-    with pytest.raises(ValueError, match=r"kron: v3 \(tensor cores\) is forward-only: it has no backward yet"):
-        K.kron(xr, ws, "v3")
-    with torch.no_grad():
-        verify.assert_close(K.kron(xr, ws, "v3"), K.kron_ref(x.double(), *[w.double() for w in ws]), torch.float32,
-                            precision="tf32")
-    with pytest.raises(ValueError, match=r"kron: version 3 has no backward yet and saves no states"):
-        K.forward(x.detach(), ws, version="v3", states=[torch.empty_like(x)])
-    with pytest.raises(ValueError, match=r"kron: version 3 \(tensor cores\) has no backward yet"):
-        K.ext().backward(x.detach(), x.detach(), ws, [x.detach()], torch.empty_like(x), [torch.empty_like(w) for w in ws], 3)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,factors", TC_BACKWARD_SHAPES)
+def test_tc_backward_against_float64(batch, factors, dtype):
+    # every version's backward is backward_tc.cu; v3 and v5 go through it the same way (one checked per seed)
+    for seed, version in [(20, "v3"), (21, "v5")]:
+        x, *ws = _inputs(batch, factors, dtype, "cuda", seed=seed)
+        gy = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 100)).to(dtype).cuda()
+        _tc_train_check(x, gy, ws, version, dtype, f"{factors} batch {batch} seed {seed}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch", [1, 32, 1024])
+def test_tc_backward_large_batches(batch, dtype):
+    # batch 1024: the 128x128 tiles and a deep split of every dW; batch 1: the 64x64 tiles, one sample
+    x, *ws = _inputs(batch, "128x128", dtype, "cuda", seed=22)
+    gy = torch.randn(x.shape, generator=torch.Generator().manual_seed(23)).to(dtype).cuda()
+    _tc_train_check(x, gy, ws, "v5", dtype, f"batch {batch}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tc_backward_element_paths_and_offset_views(dtype):
+    # outputs and inputs 1 element off the 16-byte alignment: the kernels' element loads (no vectors) must agree
+    x, *ws = _inputs(3, "128x128", dtype, "cuda", seed=24)
+    gy = torch.randn(x.shape, generator=torch.Generator().manual_seed(25)).to(dtype).cuda()
+    def off(t):
+        buf = torch.full((t.numel() + 1,), math.nan, dtype=t.dtype, device="cuda")
+        v = buf[1:].view(t.shape)
+        v.copy_(t)
+        return v
+    _tc_train_check(off(x), off(gy), [off(w) for w in ws], "v5", dtype, "offset views",
+                    dx_out=off(torch.full_like(x, math.nan)), dws_out=[off(torch.full_like(w, math.nan)) for w in ws])
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tc_backward_is_deterministic_and_propagates_nan(dtype):
+    x, *ws = _inputs(64, "32x16x8", dtype, "cuda", seed=26)
+    gy = torch.randn(x.shape, generator=torch.Generator().manual_seed(27)).to(dtype).cuda()
+    a = K.backward(gy, x, ws, [], version="v3")
+    b = K.backward(gy, x, ws, [], version="v3")
+    assert torch.equal(a[0], b[0]) and all(torch.equal(s, t) for s, t in zip(a[1], b[1]))
+    gy[5, 100] = math.nan  # one sample's gradient: its dx row goes NaN, every other row stays finite; every dW is
+    dx, dws = K.backward(gy, x, ws, [], version="v3")  # a sum over the batch, so each goes NaN
+    assert torch.isnan(dx[5]).any() and torch.isfinite(dx[torch.arange(64, device="cuda") != 5]).all()
+    assert all(torch.isnan(dw).any() for dw in dws)
+    with pytest.raises(ValueError, match=r"kron: version 3 \(tensor cores\) saves no states \(its backward "
+                       r"recomputes them\); pass states=\[\]"):
+        K.forward(x, ws, version="v3", states=[torch.empty_like(x)])
+
+
+@needs_gpu
+@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tc_versions_train_through_autograd(version, dtype):
+    # KronLinear on a tensor-core version: loss.backward() fills every factor's .grad and x.grad at the version's
+    # precision, against autograd through the float64 reference
+    torch.manual_seed(28)
+    layer = K.KronLinear("64x128", version=version, dtype=dtype, device="cuda")
+    x = torch.randn(5, 64 * 128, dtype=dtype, device="cuda", requires_grad=True)
+    layer(x).square().sum().backward()
+    xr = x.detach().double().requires_grad_()
+    fr = [w.detach().double().requires_grad_() for w in layer.factors]
+    K.kron_ref(xr, *fr).square().sum().backward()
+    verify.assert_close(x.grad, xr.grad, dtype, precision=_tc_precision(dtype), what=f"{version} x.grad")
+    for k, (w, r) in enumerate(zip(layer.factors, fr)):
+        verify.assert_close(w.grad, r.grad, dtype, precision=_tc_precision(dtype), what=f"{version} dW{k + 1}")
+
+
+def test_tc_backward_refuses_states_and_the_cpu():
+    # the C++ boundary: v3-v5 save no states (their backward recomputes them), and they are CUDA kernels
+    x, *ws = _inputs(2, "4x8", torch.float32, "cpu")
+    dws = [torch.empty_like(w) for w in ws]
+    with pytest.raises(ValueError, match=r"kron: version 3 \(tensor cores\) saves no states and its backward "
+                       r"recomputes them; pass states=\[\]"):
+        K.ext().backward(x, x, ws, [x], torch.empty_like(x), dws, 3)
+    with pytest.raises(ValueError, match=r"kron: version 5 is a CUDA kernel but x is on the CPU"):
+        K.ext().backward(x, x, ws, [], torch.empty_like(x), dws, 5)
+    xd, *wd = _inputs(2, "4x8", torch.float64, "cpu")
+    with pytest.raises(TypeError, match=r"x must be Float or BFloat16, got Double"):
+        K.ext().backward(xd, xd, wd, [], torch.empty_like(xd), [torch.empty_like(w) for w in wd], 4)
 
 
 @needs_gpu

@@ -18,6 +18,23 @@ def test_compare_exact_and_scaled_error():
     assert verify.compare(noisy, ref).rel_err == pytest.approx(1e-3, rel=1e-6)
 
 
+def test_a_cancelling_sum_is_held_to_its_terms_scale():
+    # a dot product whose terms cancel: the same absolute error is large against the value, small against the
+    # root-sum-square of the terms (Op.scale); the scale never forgives a NaN or an error of the terms' own size
+    a = torch.tensor([3.0, -2.0, 1.0, -2.0 + 1e-3], dtype=torch.float64)
+    b = torch.ones(4, dtype=torch.float64)
+    ref = (a * b).sum().reshape(1)                       # 1e-3: the terms cancel
+    scale = ((a * a) * (b * b)).sum().sqrt().reshape(1)  # ~4.2
+    got = ref + 4e-3                                     # one bf16 rounding of a term of size ~2
+    assert verify.compare(got, ref).rel_err == pytest.approx(4.0)
+    assert verify.compare(got, ref, scale=scale).rel_err == pytest.approx(4e-3 / float(scale), rel=1e-9)
+    verify.assert_close(got, ref, torch.bfloat16, scale=scale)
+    with pytest.raises(AssertionError, match="relative error"):
+        verify.assert_close(ref + 0.5, ref, torch.bfloat16, scale=scale)
+    with pytest.raises(AssertionError, match="non-finite"):
+        verify.assert_close(torch.full_like(ref, math.nan), ref, torch.bfloat16, scale=scale)
+
+
 def test_nan_never_passes():
     ref = torch.randn(100, dtype=torch.float64)
     out = ref.clone()

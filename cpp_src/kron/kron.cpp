@@ -6,10 +6,10 @@
 // tensors the caller allocates (the lab poisons them with NaN before a check). version: 0 = the C++ CPU code (CPU
 // tensors: cpp_src/kron/cpu.cpp); 1 = one CUDA kernel per factor (cuda_src/kron/v1.cu); 2 = the fused CUDA kernel
 // (cuda_src/kron/v2.cu, planned and launched by v2_plan.cu; v1 where it does not fit); 3 = v2's fusion on tensor
-// cores (cuda_src/kron/v3.cu: TF32 on Float tensors, bf16 on BFloat16 ones; forward only); 4 = two factors on wgmma
+// cores (cuda_src/kron/v3.cu: TF32 on Float tensors, bf16 on BFloat16 ones); 4 = two factors on wgmma
 // (cuda_src/kron/v4.cu; v3 where it does not apply); 5 = v4's steps fed by TMA (cuda_src/kron/v5.cu; v3 where it
-// does not apply); the backward of 1 and 2
-// is cuda_src/kron/backward.cu. The CPU code computes the same steps as the CUDA code (see the header of
+// does not apply). The backward of 1 and 2 is cuda_src/kron/backward.cu (on the states their forward saved); that of
+// 3-5 is cuda_src/kron/backward_tc.cu (at their precision, the states recomputed). The CPU code computes the same steps as the CUDA code (see the header of
 // cuda_src/kron/kron.cuh for the algebra):
 //   forward   F-step  y[b] (P, f) = x[b]ᵀ (f, P)ᵀ · W          — for W_K, …, W_1 in turn
 //   backward  dW_k = Σ_b F_k[b] · dF_{k-1}[b];  dF_k[b] = W_k · dF_{k-1}[b]ᵀ;  dx = dF_K
@@ -131,6 +131,10 @@ template <class T> using Backward = cudaError_t (*)(const T* g, const T* x, cons
                                                     int64_t B, int64_t N, const T* const* states, T* dx,
                                                     T* const* dw, T* ws, cudaStream_t);
 using BackwardWorkspace = int64_t (*)(int64_t B, int64_t N, const int* f, int K);
+// cuda_src/kron/backward_tc.cu, built per dtype (f32 = TF32 multiplies, bf16): the backward of versions 3-5; its
+// workspace is in bytes
+using TcBackward = cudaError_t (*)(const void* g, const void* x, const void* const* w, const int* f, int K, int64_t B,
+                                   int64_t N, void* dx, void* const* dw, void* ws, cudaStream_t);
 
 // v2.cu is built once per dtype and block configuration; v2_plan.cu takes its kernels as FusedKernels<T>
 // (cuda_src/kron/kron.cuh): the three configurations' occupancy functions, then their launch functions. The binding
@@ -297,8 +301,8 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
   LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
   LAB_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
   if (version >= 3) {
-    LAB_CHECK_VALUE(states.empty(), "kron: version ", version, " has no backward yet and saves no states; pass "
-                    "states=[]");
+    LAB_CHECK_VALUE(states.empty(), "kron: version ", version, " (tensor cores) saves no states (its backward "
+                    "recomputes them); pass states=[]");
     LAB_CHECK_VALUE(cfg <= 1 || version == 5, "kron: versions 3 and 4 have configurations 0 and 1 (v3: 8 or 4 "
                     "warps), got cfg ", cfg);
     return forward_tc(x, factors, out, s, version, cfg, cols);
@@ -351,15 +355,47 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
   return out;
 }
 
+// The backward of versions 3-5 (cuda_src/kron/backward_tc.cu): TF32 on Float tensors, bf16 on BFloat16 ones, the
+// states recomputed into the workspace.
+at::Tensor backward_tc(const at::Tensor& g, const at::Tensor& x, const std::vector<at::Tensor>& factors,
+                       at::Tensor dx, const std::vector<at::Tensor>& dws, const Sizes& s) {
+#ifdef LAB_WITH_CUDA
+  c10::cuda::CUDAGuard guard(x.device());
+  const at::ScalarType dt = x.scalar_type();
+  const int K = int(s.f.size());
+  const char* d = lab::dtype_suffix(dt);
+  const int64_t n = lab::launcher<BackwardWorkspace>(lab::cat("kron_tc_backward_workspace@", d))(s.B, s.N,
+                                                                                                 s.f.data(), K);
+  at::Tensor ws = at::empty({std::max<int64_t>(n, 1)}, x.options().dtype(at::kByte));
+  std::vector<const void*> w;
+  std::vector<void*> dw;
+  for (const auto& t : factors) w.push_back(t.data_ptr());
+  for (const auto& t : dws) dw.push_back(t.data_ptr());
+  auto fn = lab::launcher<TcBackward>(lab::cat("kron_tc_backward@", d));
+  LAB_CUDA_CHECK(fn(g.data_ptr(), x.data_ptr(), w.data(), s.f.data(), K, s.B, s.N, dx.data_ptr(), dw.data(),
+                    ws.data_ptr(), LAB_STREAM()),
+                 "kron tensor-core backward kernels");
+#else
+  (void)g, (void)x, (void)factors, (void)dws, (void)s;
+  LAB_NO_CUDA_BUILD("kron backward");
+#endif
+  return dx;
+}
+
 // Gradients of y = x · (W_K ⊗ … ⊗ W_1) for upstream gradient g: dx and dws[k] = dL/dW_{k+1}, written into the given
 // tensors. states: the K-1 intermediate states the forward wrote.
 at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence factors_, py::sequence states_,
                     at::Tensor dx, py::sequence dws_, int64_t version) {
   const std::vector<at::Tensor> factors = tensors(factors_, "factors"), states = tensors(states_, "states"),
                                 dws = tensors(dws_, "dws");
-  const Sizes s = check_layer(x, factors);
+  const Sizes s = check_layer(x, factors, version);
   check_like(g, "g", x, {s.B, s.N}, "(batch, N)");
-  check_states(states, x, s, true);
+  // versions 3-5 save no states (their forwards keep them on chip): their backward recomputes them
+  if (version >= 3)
+    LAB_CHECK_VALUE(states.empty(), "kron: version ", version, " (tensor cores) saves no states and its backward "
+                    "recomputes them; pass states=[]");
+  else
+    check_states(states, x, s, true);
   check_like(dx, "dx", x, {s.B, s.N}, "(batch, N)");
   const int K = int(s.f.size());
   LAB_CHECK_VALUE(dws.size() == size_t(K), "dws must be a list of K = ", K, " tensors (one per factor), got ",
@@ -369,9 +405,8 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
     std::snprintf(name, sizeof(name), "dws[%d]", k);
     check_like(dws[k], name, x, {s.f[k], s.f[k]}, "like factors[k]");
   }
-  LAB_CHECK_VALUE(version < 3, "kron: version ", version, " (tensor cores) has no backward yet; use version 2 for "
-                  "training");
-  lab::check_version(x, "x", version, 1, 2, "kron");
+  lab::check_version(x, "x", version, 1, 5, "kron");
+  if (version >= 3) return backward_tc(g, x, factors, dx, dws, s);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_backward", [&] {
     if (x.is_cuda()) {
 #ifdef LAB_WITH_CUDA

@@ -14,13 +14,15 @@ C++ CPU version). Versions (ours):
   cpu         C++ with at::parallel_for (the same steps as the CUDA code)
   v1          CUDA: one tiled kernel per factor; backward: per-factor R-step and split-K dW kernels
   v2          CUDA: one fused kernel for all factors, each sample's state in shared memory (v1 where it does not fit)
-  v3          CUDA: v2's fusion on tensor cores (mma.sync): TF32 on float32 tensors, bf16 on bfloat16 ones; forward
-              only (where no configuration fits: v2, on float32 copies for bfloat16)
+  v3          CUDA: v2's fusion on tensor cores (mma.sync): TF32 on float32 tensors, bf16 on bfloat16 ones (where no
+              configuration fits: v2, on float32 copies for bfloat16)
   v4          CUDA: two factors (multiples of 64) on wgmma, operands staged K-major in the 128-byte swizzle; v3
               elsewhere
   v5          CUDA: v4's two wgmma steps fed by TMA, a ring of x in flight, y out by TMA store (bfloat16: x and the
               factors MN-major as they lie in memory; float32: TF32 with x through registers, W_2 staged once and
               W_1 held in registers); v3 elsewhere
+  backward of v3-v5: backward_tc.cu, at their precision: the states recomputed (their forwards save none), then
+              per factor an R-step and a split-K dW GEMM on mma.sync, one reduce launch
 Baselines (PyTorch, named for what they run):
   torch       what one writes first: per factor reshape / matmul / movedim (every reshape of the moved view copies)
   torch.bmm   one strided-batched GEMM (torch.bmm) per factor, the axis move folded into the operand layout (no
@@ -28,8 +30,8 @@ Baselines (PyTorch, named for what they run):
   torch.bmm.tf32  the same with TF32 on: v3's baseline on float32 tensors
   torch.kron  builds the N×N matrix with torch.kron, then x @ M (what the factorisation avoids)
 
-`kron(x, factors, version)` is differentiable (autograd.Function for cpu/v1/v2, PyTorch autograd for the baselines);
-v3 is forward-only and says so when a gradient is asked of it.
+`kron(x, factors, version)` is differentiable (autograd.Function for the compiled versions, PyTorch autograd for the
+baselines); the tensor-core versions' gradients are computed at their precision (TF32 / bf16).
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ FAMILY = "kron"
 MAX_FACTORS = 16  # as in cuda_src/kron/kron.cuh
 KERNELS = ("cpu", "v1", "v2", "v3", "v4", "v5")
 TORCH_VERSIONS = ("torch", "torch.bmm", "torch.bmm.tf32", "torch.kron")  # baselines
-TENSOR_CORE = ("v3", "v4", "v5")  # TF32 on float32 tensors, bf16 on bfloat16 ones; forward only
+TENSOR_CORE = ("v3", "v4", "v5")  # TF32 on float32 tensors, bf16 on bfloat16 ones; backward: backward_tc.cu
 
 
 def ext():
@@ -202,8 +204,10 @@ PYTORCH = {"torch": kron_torch, "torch.bmm": kron_bmm, "torch.bmm.tf32": kron_bm
 
 # ---- cpu, v1, v2: the compiled code ---------------------------------------------------------------------------------
 def _backward_default(x: torch.Tensor) -> str:
-    # the backward of v1 and v2 is one set of kernels (backward.cu); the tensor-core versions have none
-    return "v2" if x.is_cuda else "cpu"
+    # the backward of v1 and v2 is one set of kernels (backward.cu), that of v3-v5 another (backward_tc.cu)
+    if not x.is_cuda:
+        return "cpu"
+    return "v5" if x.dtype == torch.bfloat16 else "v2"
 
 
 # ---- the default version: the fastest, from a tuning table kron.tune_default writes ---------------------------------
@@ -331,7 +335,8 @@ def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor 
 def backward(g: torch.Tensor, x: torch.Tensor, factors: Sequence[torch.Tensor], states: Sequence[torch.Tensor],
              dx: torch.Tensor | None = None, dws: Sequence[torch.Tensor] | None = None,
              version: str | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Gradients of y = x · (W_K ⊗ … ⊗ W_1) for dL/dy = g: (dx, [dW_1, …, dW_K]); states from `forward`."""
+    """Gradients of y = x · (W_K ⊗ … ⊗ W_1) for dL/dy = g: (dx, [dW_1, …, dW_K]); states from `forward` (cpu, v1,
+    v2; [] for the tensor-core versions v3-v5, whose backward recomputes them at its precision)."""
     check_inputs(x, factors)
     dx = torch.empty_like(x) if dx is None else dx
     dws = [torch.empty_like(w) for w in factors] if dws is None else list(dws)
@@ -340,15 +345,17 @@ def backward(g: torch.Tensor, x: torch.Tensor, factors: Sequence[torch.Tensor], 
 
 
 class KronFunction(torch.autograd.Function):
-    """autograd for the compiled versions: forward saves the K-1 intermediate states, backward runs the dW and dx
-    steps of cuda_src/kron/backward.cu (cpp_src/kron/cpu.cpp on the CPU)."""
+    """autograd for the compiled versions: cpu/v1/v2's forward saves the K-1 intermediate states and the backward runs
+    the dW and dx steps of cuda_src/kron/backward.cu (cpp_src/kron/cpu.cpp on the CPU) on them; v3-v5 save none and
+    their backward (cuda_src/kron/backward_tc.cu) recomputes them."""
 
     @staticmethod
     def forward(ctx, x, version, cfg, cols, *factors):
         x = x.contiguous()
         factors = [w.contiguous() for w in factors]
         need = any(ctx.needs_input_grad[i] for i in [0] + list(range(4, 4 + len(factors))))
-        states = [torch.empty_like(x) for _ in range(len(factors) - 1)] if need else []
+        saves = need and version not in TENSOR_CORE
+        states = [torch.empty_like(x) for _ in range(len(factors) - 1)] if saves else []
         y = torch.empty_like(x)
         ext().forward(x, factors, y, states, version_number(version), cfg, cols)
         if need:
@@ -376,7 +383,8 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
     x: (batch, N); factors: [W_1, …, W_K], W_k (f_k, f_k), N = f_1·…·f_K, W_1 on the fastest axis of x.
     version: 'cpu', 'v1', 'v2', 'v3', 'v4', 'v5' (compiled; default: cpu on the CPU, on CUDA the fastest of the dtype's
     precision from the tuning table tune_default writes, else v2, v3 for bfloat16) or a PyTorch baseline: 'torch',
-    'torch.bmm', 'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2 take float32/float64, v3/v4/v5 float32 (TF32) and bfloat16.
+    'torch.bmm', 'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2 take float32/float64, v3/v4/v5 float32 (TF32) and bfloat16,
+    their gradients at the same precision.
     """
     check_inputs(x, factors)
     version = version or default_version(x, factors)
@@ -384,11 +392,6 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
         return PYTORCH[version](x, list(factors))
     if version not in KERNELS:
         raise ValueError(f"version must be one of {', '.join(TORCH_VERSIONS + KERNELS)}, got {version!r}")
-    if version in TENSOR_CORE:  # forward-only: no autograd node, and a clear error where a gradient would be needed
-        if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in factors)):
-            raise ValueError(f"kron: {version} (tensor cores) is forward-only: it has no backward yet; use v2 "
-                             "(float32) for training, or call it under torch.no_grad()")
-        return forward(x.contiguous(), [w.contiguous() for w in factors], version=version, cfg=cfg, cols=cols)
     return KronFunction.apply(x, version, cfg, cols, *factors)
 
 
@@ -490,10 +493,28 @@ def train_ref(x, g, *factors):
     return (y.detach(), *grads)
 
 
+def train_precision(version: str):
+    """The cuBLAS setting a training step of `version` runs under: autograd calls the baselines' backward outside their
+    forward's TF32 switch, so the whole step takes it (TF32 for torch.bmm.tf32, strict fp32 otherwise; the compiled
+    versions do not read it)."""
+    return matmul_tf32(True) if version == "torch.bmm.tf32" else strict_fp32()
+
+
+def root_sum_square(reference):
+    """The scale verify holds each output element's error to (Op.scale): every output of kron_ref and train_ref is a
+    sum of products with one factor from each input it depends on, so the reference on squared inputs is each
+    element's Σ term², and its square root the size the terms' rounding grows with. An element whose terms cancel
+    (a 1×1 factor's dW is one sum over B·N products) is then held to that, not to its small value."""
+    def scale(*inputs):
+        out = reference(*[t * t for t in inputs])
+        return tuple(o.sqrt() for o in out) if isinstance(out, tuple) else out.sqrt()
+    return scale
+
+
 def _train(version: str):
     """Forward + backward through kron(): what a training step of this layer costs."""
     def run(x, g, *factors):
-        with torch.enable_grad():
+        with torch.enable_grad(), train_precision(version):
             xr = x.detach().requires_grad_()
             fr = [w.detach().requires_grad_() for w in factors]
             y = kron(xr, fr, version)
@@ -546,7 +567,7 @@ IDEAS = {
 
 F32_F64, F32_BF16, F32 = (torch.float32, torch.float64), (torch.float32, torch.bfloat16), (torch.float32,)
 DT = (torch.float32, torch.float64, torch.bfloat16)  # bfloat16: v3 and the torch baselines only
-DT_TRAIN = F32_F64
+DT_TRAIN = DT  # bfloat16: v3-v5 and the torch baselines
 # 1-wide and prime factors, K = 1..4, a batch that splits into many blocks, 128x128, and one shape over v2's
 # shared-memory limit (it falls back to v1)
 CHECK = [{"batch": b, "factors": f} for b, f in [
@@ -566,8 +587,10 @@ def _versions(train: bool, full: bool = True) -> list[Version]:
     for name in KERNELS:
         dev = "cpu" if name == "cpu" else "cuda"
         if train:
-            if name in TENSOR_CORE:
-                continue  # forward-only
+            if name in TENSOR_CORE:  # the forward and backward_tc.cu at TF32 / bf16
+                vs.append(Version(name, _train(name), dev, IDEAS[name], takes_out=False, graph=True,
+                                  precision="tf32", dtypes=F32_BF16, ceiling="gemm"))
+                continue
             vs.append(Version(name, _train(name), dev, IDEAS[name], takes_out=False, graph=name != "cpu",
                               dtypes=F32_F64))
         elif name in TENSOR_CORE:
@@ -579,8 +602,6 @@ def _versions(train: bool, full: bool = True) -> list[Version]:
                               dtypes=F32_F64))
     for name in TORCH_VERSIONS:
         if name == "torch.kron" and (train or not full):
-            continue
-        if name == "torch.bmm.tf32" and train:
             continue
         fn = _train(name) if train else _fwd_torch(name)
         # torch.kron is checked by the tests on small N only (its N×N matrix is 4·N² bytes)
@@ -596,19 +617,19 @@ def _versions(train: bool, full: bool = True) -> list[Version]:
 OPS = [
     Op(FAMILY, "forward", make_forward_inputs, kron_ref, _versions(False), CHECK, BENCH, BENCH_CPU, DT,
        nbytes=_bytes, flops=_flops, formula=FORMULA, size_key="batch", baseline="torch.bmm", compute_ceiling="fma",
-       doc="y = x · (W_K ⊗ … ⊗ W_1); batch sweep at factors 128×128"),
+       scale=root_sum_square(kron_ref), doc="y = x · (W_K ⊗ … ⊗ W_1); batch sweep at factors 128×128"),
     Op(FAMILY, "forward_backward", make_train_inputs, train_ref, _versions(True), CHECK, BENCH, BENCH_CPU, DT_TRAIN,
        nbytes=lambda s, dt: (4.0 * s["batch"] * math.prod(_sizes(s)) + 2 * sum(f * f for f in _sizes(s)))
        * elem_size(dt),
        flops=lambda s, dt: 3 * _flops(s, dt), formula=FORMULA_TRAIN, size_key="batch", baseline="torch.bmm",
-       compute_ceiling="fma",
+       compute_ceiling="fma", scale=root_sum_square(train_ref),
        doc="forward + backward (y, dx, every dW) through autograd"),
     Op(FAMILY, "factorizations", make_forward_inputs, kron_ref, _versions(False, full=False),
        [{"batch": 2, "factors": "4x6x8"}, {"batch": 3, "factors": "16x16x16x16"}],
        [{"batch": 256, "factors": f} for f in FACTORIZATIONS],
        [{"batch": 16, "factors": f} for f in ("32x32", "8x16x32", "64x64", "16x16x16")], DT,
        nbytes=_bytes, flops=_flops, formula=FORMULA, size_key=None, baseline="torch.bmm", compute_ceiling="fma",
-       doc="forward across factorisations at batch 256"),
+       scale=root_sum_square(kron_ref), doc="forward across factorisations at batch 256"),
 ]
 
 register(Family(FAMILY, "Kronecker-factored linear layer y = x·(W_K ⊗ … ⊗ W_1): forward and backward", OPS,

@@ -13,8 +13,9 @@ f_1 … f_K: `32 128 64` is a batch of 32 through W_2 ⊗ W_1 with W_1 128×128 
             implementation, forward and forward + backward, in microseconds (CUDA events, L2 flushed per run)
   tune      (CUDA) time the default version's candidates for the dtype at this batch and factors, and record the
             fastest in the tuning table the default reads (lab.kernels.kron.tune_default); prints what it chose
-  The tensor-core versions v3/v4 are forward-only: check compares their y, bench times their forward. --dtype bf16
-  runs the versions that take bfloat16 (v3, v4, the torch baselines).
+  The tensor-core versions v3-v5 multiply in TF32 on float32 (torch.bmm.tf32 is their baseline) and in bf16 with
+  --dtype bf16, forward and backward (cuda_src/kron/backward_tc.cu); --dtype bf16 runs the versions that take bfloat16
+  (v3-v5, the torch baselines).
 
 Implementations: the family's PyTorch baselines (the one that builds the N×N matrix only for N <= 16384), then its
 kernels: cpu (C++) and the CUDA versions (lab.kernels.kron.TORCH_VERSIONS and KERNELS).
@@ -47,20 +48,14 @@ def implementations(device: torch.device, n: int, for_timing: bool = False) -> l
     return out
 
 
-def _cuda_kernels(train: bool = False) -> list[str]:
-    """The CUDA versions; train: only those with a backward (v3/v4, the tensor-core rungs, are forward-only)."""
-    return [v for v in K.KERNELS if v != "cpu" and not (train and v in K.TENSOR_CORE)]
+def _cuda_kernels() -> list[str]:
+    """The CUDA versions (every one has a backward)."""
+    return [v for v in K.KERNELS if v != "cpu"]
 
 
 def _takes(v: str, dtype) -> bool:
     """Whether implementation v takes tensors of `dtype` (the forward op's registry entry says)."""
     return K.OPS[0].version(v).supports(dtype)
-
-
-def two_layers_forward(version: str, x, a, b):
-    """y = layer_b(layer_a(x)) without gradients (the forward-only versions)."""
-    with torch.no_grad():
-        return K.kron(K.kron(x, a, version), b, version)
 
 
 def _layers(batch: int, sizes: tuple[int, ...], dtype, device, seed: int = 0):
@@ -74,7 +69,7 @@ def _layers(batch: int, sizes: tuple[int, ...], dtype, device, seed: int = 0):
 
 def two_layers(version: str, x, gy, a, b):
     """y = layer_b(layer_a(x)) and its gradients: (y, dL/dx, [dL/dW for a's factors, then b's])."""
-    with torch.enable_grad():
+    with torch.enable_grad(), K.train_precision(version):
         xr = x.detach().requires_grad_()
         ar = [w.detach().requires_grad_() for w in a]
         br = [w.detach().requires_grad_() for w in b]
@@ -90,15 +85,8 @@ def cmd_check(args, sizes, dtype, device) -> int:
     for v in implementations(device, n):
         if not _takes(v, dtype):
             continue
-        if v in K.TENSOR_CORE or v == "torch.bmm.tf32":  # TF32 products on float32, and v3/v4 forward-only
+        if v in K.TENSOR_CORE or v == "torch.bmm.tf32":  # TF32 products on float32
             prec[v] = "tf32" if dtype == torch.float32 else None
-            if v == "torch.bmm.tf32":
-                y, g, gw = two_layers(v, x, gy, a, b)
-                res[v] = {"y": y.double().cpu(), "g": g.double().cpu(),
-                          "gW": torch.cat([t.flatten() for t in gw]).double().cpu()}
-            else:
-                res[v] = {"y": two_layers_forward(v, x, a, b).double().cpu()}
-            continue
         inputs = (x, gy, a, b) if v != "cpu" else (x.cpu(), gy.cpu(), [w.cpu() for w in a], [w.cpu() for w in b])
         y, g, gw = two_layers(v, *inputs)
         res[v] = {"y": y.double().cpu(), "g": g.double().cpu(), "gW": torch.cat([t.flatten() for t in gw]).double().cpu()}
@@ -121,16 +109,15 @@ def cmd_check(args, sizes, dtype, device) -> int:
     tf32 = (f", {verify.tolerance(dtype, 'tf32'):.0e} where one side multiplies in TF32"
             if "tf32" in prec.values() else "")
     print(f"(relative error ||a - b|| / ||b||; True: <= {verify.tolerance(dtype):.0e}, the lab's "
-          f"{verify.dtype_name(dtype)} tolerance{tf32}; v3/v4 are forward-only: y alone)")
+          f"{verify.dtype_name(dtype)} tolerance{tf32})")
     return 1 if bad else 0
 
 
 def cmd_profile(args, sizes, dtype, device) -> int:
-    v = args.implementation or (_cuda_kernels(train=True)[-1] if device.type == "cuda" else "cpu")
-    if v in K.TENSOR_CORE:
-        trainable = [x for x in implementations(device, math.prod(sizes), for_timing=True) if x not in K.TENSOR_CORE]
-        sys.exit(f"--implementation {v} is forward-only (no backward yet): profile needs a training step; choose "
-                 f"from {', '.join(trainable)}")
+    default = "cpu" if device.type != "cuda" else "v5" if dtype == torch.bfloat16 else "v2"
+    v = args.implementation or default
+    if not _takes(v, dtype):
+        sys.exit(f"--implementation {v} does not take {verify.dtype_name(dtype)}")
     if v not in implementations(device, math.prod(sizes)) or (v == "cpu" and device.type == "cuda"):
         sys.exit(f"--implementation {v} does not run here; choose from "
                  f"{', '.join(implementations(device, math.prod(sizes), for_timing=True))}")
@@ -156,8 +143,6 @@ def cmd_bench(args, sizes, dtype, device) -> int:
             continue
         for what, fn in (("forward", lambda v=v: K.kron(x, a, v)),
                          ("forward + backward", lambda v=v: two_layers(v, x, gy, a, b))):
-            if what != "forward" and v in K.TENSOR_CORE:
-                continue  # forward-only
             t = time_fn(fn, device)
             spec = TaskSpec(stmt=what, setup="", label=f"kron {verify.dtype_name(dtype)} on {env.device_name(device)}",
                             sub_label=f"{label} {what} ({flops * (1 if what == 'forward' else 6):.3e} FLOP)",
@@ -202,8 +187,6 @@ def main(argv=None) -> int:
     if args.batch_size < 1:
         sys.exit(f"batch_size must be >= 1, got {args.batch_size}")
     sizes = K.parse_factors(args.factor)
-    if dtype == torch.bfloat16 and args.cmd == "profile":
-        sys.exit("profile runs a training step: bfloat16 versions (v3, v4) are forward-only; use --dtype f or d")
     cmds = {"check": cmd_check, "profile": cmd_profile, "bench": cmd_bench, "tune": cmd_tune}
     return cmds[args.cmd](args, sizes, dtype, device)
 

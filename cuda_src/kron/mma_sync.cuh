@@ -1,0 +1,85 @@
+// kron/mma_sync.cuh — the mma.sync operands the tensor-core units share (v3.cu's fused forward, backward_tc.cu's
+// per-factor backward): TF32 m16n8k8 on float, bf16 m16n8k16 on __nv_bfloat16, both with fp32 accumulators, and
+// their fragment loads from k-major shared tiles. Device code only.
+#pragma once
+
+#include "kron.cuh"
+#include "lab_gemm.cuh"
+
+#include <cuda_bf16.h>
+
+namespace kron {
+namespace tc {
+
+// ---- the mma and its fragments, per element type ------------------------------------------------------------------
+// Shared-memory operands are k-major: A(m, k) at s[k·ld + m], B(k, n) at s[k·ld + n]. g = lane/4, t = lane%4.
+template <class T> struct Mma;
+
+// fp32 -> TF32, rounded to nearest (ties away). The tensor core would truncate the low 13 bits instead: a bias of
+// half a TF32 ulp toward zero in every operand that, over a 128-term sum and two factors, measured 3.5e-3 relative
+// error on the H100 (over TF32's 3e-3 tolerance); rounded, the errors cancel.
+__device__ __forceinline__ uint32_t tf32(float v) { return lab::round_tf32(v); }
+
+template <> struct Mma<float> {  // m16n8k8 TF32
+  static constexpr int KS = 8;   // k per mma
+  static constexpr int KC = 16;  // k per pipeline stage (64 bytes of a row)
+  // a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4). ROUND: the operand is raw fp32 (x, W), not a state this
+  // kernel already rounded to TF32
+  template <bool ROUND>
+  __device__ __forceinline__ static void load_a(uint32_t (&a)[4], const float* s, int ld, int m0, int k0, int lane) {
+    const float* p = s + (k0 + (lane & 3)) * ld + m0 + (lane >> 2);
+    const float v[4] = {p[0], p[8], p[4 * ld], p[4 * ld + 8]};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = ROUND ? tf32(v[i]) : __float_as_uint(v[i]);
+  }
+  // two n8 tiles at n0 and n0 + 8: b0 (t, g), b1 (t+4, g) of each (W: always rounded)
+  __device__ __forceinline__ static void load_b2(uint32_t (&b)[4], const float* s, int ld, int n0, int k0,
+                                                 int lane) {
+    const float* p = s + (k0 + (lane & 3)) * ld + n0 + (lane >> 2);
+    b[0] = tf32(p[0]);
+    b[1] = tf32(p[4 * ld]);
+    b[2] = tf32(p[8]);
+    b[3] = tf32(p[4 * ld + 8]);
+  }
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+template <> struct Mma<__nv_bfloat16> {  // m16n8k16 bf16
+  static constexpr int KS = 16;
+  static constexpr int KC = 32;
+  // ldmatrix .trans hands lane (g, t) the elements (rows 2t, 2t+1; column g) of each stored 8×8 matrix: with rows = k
+  // that is an mma fragment register. Lane l addresses row l%8 of matrix l/8.
+  // A: matrices (k 0-7, m 0-7) -> a0, (k 0-7, m 8-15) -> a1, (k 8-15, m 0-7) -> a2, (k 8-15, m 8-15) -> a3
+  template <bool ROUND>
+  __device__ __forceinline__ static void load_a(uint32_t (&a)[4], const __nv_bfloat16* s, int ld, int m0, int k0,
+                                                int lane) {
+    const int j = lane >> 3, r = lane & 7;
+    ldsm_x4_trans(a, s + (k0 + (j >> 1) * 8 + r) * ld + m0 + (j & 1) * 8);
+  }
+  // B: (k 0-7, n 0-7) -> b0 and (k 8-15, n 0-7) -> b1 of tile n0; the same at n0 + 8 -> b2, b3
+  __device__ __forceinline__ static void load_b2(uint32_t (&b)[4], const __nv_bfloat16* s, int ld, int n0, int k0,
+                                                 int lane) {
+    const int j = lane >> 3, r = lane & 7;
+    ldsm_x4_trans(b, s + (k0 + (j & 1) * 8 + r) * ld + n0 + (j >> 1) * 8);
+  }
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+}  // namespace tc
+}  // namespace kron
