@@ -486,7 +486,7 @@ def test_tc_backward_is_deterministic_and_propagates_nan(dtype):
     assert all(torch.isnan(dw).any() for dw in dws)
     with pytest.raises(ValueError, match=r"kron: version 3 \(tensor cores\) saves no states \(its backward "
                        r"recomputes them\); pass states=\[\]"):
-        K.forward(x, ws, version="v3", states=[torch.empty_like(x)])
+        K.forward(x, ws, version="v3", states=[torch.empty_like(x) for _ in ws[1:]])
 
 
 @needs_gpu
