@@ -51,114 +51,106 @@ constexpr int kPad = 8;                      // row padding of the shared tiles:
 
 enum Mode { kFStep = 0, kRStep = 1, kDW = 2 };
 
-template <int BM_, int BN_, int WM_, int WN_> struct TileCfg {
-  static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_;  // block tile; WM × WN warps
+template <int BM_, int BN_, int WM_, int WN_, int NS_> struct TileCfg {
+  static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, NS = NS_;  // block tile; WM × WN warps; NS stages
   static constexpr int THREADS = WM * WN * 32;
-  static constexpr int MI = BM / WM / 16, NI = BN / WN / 8;     // m16 and n8 tiles per warp
+  static constexpr int MI = BM / WM / 16, NI = BN / WN / 8;              // m16 and n8 tiles per warp
 };
-using Big = TileCfg<128, 128, 2, 4>;   // warp tile 64 × 32, 64 accumulators a thread
-using Small = TileCfg<64, 64, 2, 2>;   // warp tile 32 × 32
+using Big = TileCfg<128, 128, 2, 4, 4>;  // warp tile 64 × 32, 64 accumulators a thread
+using Small = TileCfg<64, 64, 2, 2, 4>;  // warp tile 32 × 32
+
+// The three steps as GEMMs C (rows × cols) = A (rows × depth) · B (depth × cols), each operand read where it lies:
+//   F-step  rows (b, p), cols j, k = i    A = F_k[b][i][p]  (along rows)   B = W[i][j]      (along cols)
+//   R-step  rows i, cols (b, p), k = j    A = W[i][j]       (along k)      B = dF[b][p][j]  (along k)
+//   dW      rows i, cols j, k = (b, p)    A = F_k[b][i][p]  (along k)      B = dF[b][p][j]  (along cols)
+// An operand contiguous along its row/column index is staged as [k][m] (the layout mma_sync.cuh's load_a / load_b2
+// read, ldmatrix.trans for bf16); one contiguous along k as [m][k] (load_a_rows / load_b2_rows, plain ldmatrix). Both
+// are then 16-byte copies from global memory (cp.async, no register round trip) in the vector case: no transposes.
+// The R-step is written with the sample index on the columns so that its output, dF_k[b][i][p], is stored along p.
+template <int MODE> __host__ __device__ constexpr bool a_along_k() { return MODE != kFStep; }
+template <int MODE> __host__ __device__ constexpr bool b_along_k() { return MODE == kRStep; }
 
 struct StepArgs {
-  const Elem* a;  // F-step: F_k; R-step: dF_{k-1}; dW: F_k
-  const Elem* b;  // F-step, R-step: W_k; dW: dF_{k-1}
+  const Elem* a;  // F-step: F_k; R-step: W_k; dW: F_k
+  const Elem* b;  // F-step: W_k; R-step: dF_{k-1}; dW: dF_{k-1}
   void* c;        // F-step: F_{k-1}; R-step: dF_k (Elem); dW: the partials (float, splits × f × f)
-  long rows;      // the GEMM's M: B·P (F-, R-step) or f (dW)
-  int cols;       // N: f
-  long depth;     // K: f (F-, R-step) or B·P (dW)
+  long rows;      // the GEMM's M: B·P (F-step) or f
+  long cols;      // N: f, or B·P (R-step)
+  long depth;     // K: f, or B·P (dW)
   long n;         // elements of a sample, N = f·P
   int f, p;       // the factor's size and P = N / f
   int tiles_n, tiles, splits;
-  bool vec_a, vec_b;
+  bool vec_a, vec_b;  // 16-byte runs: the run's dimension a multiple of VW, the pointer 16-byte aligned
 };
 
-// Where an operand's element lies. A(r, k): r < rows, k < depth; B(k, j): j < cols. `smp` is a (b, i, q) address of a
-// (B, f, P) tensor with (b, q) flattened into one index: F_k read as (f, P) per sample.
-__device__ __forceinline__ long smp(long bq, long i, const StepArgs& a) {
-  return (bq / a.p) * a.n + i * a.p + bq % a.p;
-}
-template <int MODE> __device__ __forceinline__ long a_at(long r, long k, const StepArgs& a) {
-  if constexpr (MODE == kFStep) return smp(r, k, a);  // F_k[b][i = k][p]: contiguous along r
-  else if constexpr (MODE == kRStep) return r * a.f + k;  // dF[b][p][j = k]: contiguous along k
-  else return smp(k, r, a);  // F_k[b][i = r][p], k = (b, p): contiguous along k
-}
-template <int MODE> __device__ __forceinline__ long b_at(long k, long j, const StepArgs& a) {
-  if constexpr (MODE == kRStep) return j * a.f + k;  // W[i = j][k]: contiguous along k
-  else return k * a.f + j;  // W[k][j] (F-step), dF[b][p][j] with k = (b, p) (dW): contiguous along j
-}
-template <int MODE> __host__ __device__ constexpr bool a_mn_contig() { return MODE == kFStep; }
-template <int MODE> __host__ __device__ constexpr bool b_mn_contig() { return MODE != kRStep; }
-
-// One operand's share of a chunk (R rows × KC of k), held in registers between its global loads and its shared
-// stores. Run q of VW elements: along m/n (MN) or along k.
-template <int R, int THREADS, bool MN> struct Stager {
-  static constexpr int RUNS = R * KC / VW / THREADS;
-  static_assert(RUNS * VW * THREADS == R * KC, "a chunk splits evenly into runs");
-  uint4 v[RUNS];
-  __device__ __forceinline__ static void pos(int i, int& mm, int& kk) {
-    const int q = int(threadIdx.x) + i * THREADS;
-    if constexpr (MN) kk = q / (R / VW), mm = (q % (R / VW)) * VW;
-    else mm = q % R, kk = (q / R) * VW;
+// (b, p) of index base + off of a flattened (b, p) axis, given (b0, p0) of base: the rows of an F-step tile, the
+// columns of an R-step tile and the contraction of a dW chunk are such an axis. Nothing divides in the common case
+// (P at least the tile: one wrap at most); a 64-bit division per element (the first build) made the steps issue-bound.
+__device__ __forceinline__ void split_bp(long b0, int p0, int off, int P, long& b, int& p) {
+  const int t = p0 + off;
+  if (t < P) {
+    b = b0, p = t;
+  } else {
+    const int q = t / P;
+    b = b0 + q, p = t - q * P;
   }
-  // at(row, k) -> element offset; rows below mn_lim and k below k_lim are inside
-  template <class At>
-  __device__ __forceinline__ void load(const Elem* base, At&& at, long mn0, long mn_lim, long k0, long k_lim,
-                                       bool vec) {
+}
+
+// Stage one operand's R × KC chunk into shared memory. ALONG_K: stored [R][KC + VW] (rows of k), else [KC][R + kPad].
+// at(mm, kk): the element offset of the chunk's (row or column mm, k kk); mn_cnt × k_cnt of it lie inside. A run is VW
+// elements along the contiguous dimension: one cp.async of 16 bytes (zero-filled outside; the counts are multiples of
+// VW when vec), or VW element loads with per-element bounds.
+template <int R, int THREADS, bool ALONG_K, class At>
+__device__ __forceinline__ void stage(Elem* s, const Elem* base, At&& at, int mn_cnt, int k_cnt, bool vec) {
+  constexpr int RUNS = R * KC / VW;
+  constexpr int LD = ALONG_K ? KC + VW : R + kPad;
+  for (int q = threadIdx.x; q < RUNS; q += THREADS) {
+    int mm, kk;
+    if constexpr (ALONG_K) mm = q / (KC / VW), kk = (q % (KC / VW)) * VW;
+    else kk = q / (R / VW), mm = (q % (R / VW)) * VW;
+    Elem* dst = ALONG_K ? s + mm * LD + kk : s + kk * LD + mm;
+    if (vec) {
+      const bool ok = mm < mn_cnt && kk < k_cnt;
+      cp_async16(dst, ok ? base + at(mm, kk) : base, ok);
+    } else {
 #pragma unroll
-    for (int i = 0; i < RUNS; ++i) {
-      int mm, kk;
-      pos(i, mm, kk);
-      const long gm = mn0 + mm, gk = k0 + kk;
-      if (vec) {  // the run is all inside or all outside (the limits are multiples of VW), 16-byte aligned
-        v[i] = (gm < mn_lim && gk < k_lim) ? __ldg(reinterpret_cast<const uint4*>(base + at(gm, gk)))
-                                           : make_uint4(0, 0, 0, 0);
-      } else {
-        Elem* e = reinterpret_cast<Elem*>(&v[i]);
-#pragma unroll
-        for (int j = 0; j < VW; ++j) {
-          const long em = gm + (MN ? j : 0), ek = gk + (MN ? 0 : j);
-          e[j] = (em < mn_lim && ek < k_lim) ? base[at(em, ek)] : elem_zero();
-        }
+      for (int j = 0; j < VW; ++j) {
+        const int em = mm + (ALONG_K ? 0 : j), ek = kk + (ALONG_K ? j : 0);
+        dst[j] = (em < mn_cnt && ek < k_cnt) ? base[at(em, ek)] : elem_zero();
       }
     }
   }
-  __device__ __forceinline__ void store(Elem* s, int ld) const {
-#pragma unroll
-    for (int i = 0; i < RUNS; ++i) {
-      int mm, kk;
-      pos(i, mm, kk);
-      if constexpr (MN) {
-        *reinterpret_cast<uint4*>(s + kk * ld + mm) = v[i];
-      } else {
-        const Elem* e = reinterpret_cast<const Elem*>(&v[i]);
-#pragma unroll
-        for (int j = 0; j < VW; ++j) s[(kk + j) * ld + mm] = e[j];
-      }
-    }
-  }
-};
+}
+template <int R, bool ALONG_K> __host__ __device__ constexpr int tile_elems() {
+  return ALONG_K ? R * (KC + VW) : KC * (R + kPad);
+}
+template <int MODE, class TL> __host__ __device__ constexpr int stage_bytes() {
+  return (tile_elems<TL::BM, a_along_k<MODE>()>() + tile_elems<TL::BN, b_along_k<MODE>()>()) * int(sizeof(Elem));
+}
+template <int MODE, class TL> constexpr int smem_bytes() { return TL::NS * stage_bytes<MODE, TL>(); }
 
 template <int MODE, class TL>
 __global__ void __launch_bounds__(TL::THREADS) step_kernel(const __grid_constant__ StepArgs a) {
-  constexpr int BM = TL::BM, BN = TL::BN, LDA = BM + kPad, LDB = BN + kPad, MI = TL::MI, NI = TL::NI;
-  __shared__ __align__(16) Elem As[2][KC * LDA];
-  __shared__ __align__(16) Elem Bs[2][KC * LDB];
+  constexpr int BM = TL::BM, BN = TL::BN, MI = TL::MI, NI = TL::NI, NS = TL::NS;
+  constexpr bool AK = a_along_k<MODE>(), BK = b_along_k<MODE>();
+  constexpr int LDA = AK ? KC + VW : BM + kPad, LDB = BK ? KC + VW : BN + kPad;
+  constexpr int A_ELEMS = tile_elems<BM, AK>(), STAGE = A_ELEMS + tile_elems<BN, BK>();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Elem* smem = reinterpret_cast<Elem*>(smem_raw);
   const int z = int(blockIdx.x) / a.tiles, tile = int(blockIdx.x) % a.tiles;
-  const long m0 = long(tile / a.tiles_n) * BM;
-  const int n0 = (tile % a.tiles_n) * BN;
+  const long m0 = long(tile / a.tiles_n) * BM, n0 = long(tile % a.tiles_n) * BN;
   const long nchunks = (a.depth + KC - 1) / KC;
   const long c_lo = nchunks * z / a.splits, c_hi = nchunks * (z + 1) / a.splits;  // this split's chunks
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int wm = warp / TL::WN, wn = warp % TL::WN;
-
-  auto at_a = [&](long r, long k) { return a_at<MODE>(r, k, a); };
-  auto at_b = [&](long j, long k) { return b_at<MODE>(k, j, a); };  // (n, k) like A's (m, k)
-  Stager<BM, TL::THREADS, a_mn_contig<MODE>()> sa;
-  Stager<BN, TL::THREADS, b_mn_contig<MODE>()> sb;
-  auto load = [&](long c) {
-    sa.load(a.a, at_a, m0, a.rows, c * KC, a.depth, a.vec_a);
-    sb.load(a.b, at_b, n0, a.cols, c * KC, a.depth, a.vec_b);
-  };
+  const int P = a.p;
+  const int mcnt = int(min(long(BM), a.rows - m0)), ncnt = int(min(long(BN), a.cols - n0));
+  // (b, p) of the tile's first row (F-step) or column (R-step); dW: of the chunk being issued (chunks go in order)
+  long sb0 = 0, kb = 0;
+  int sp0 = 0, kp = 0;
+  if constexpr (MODE == kFStep) sb0 = m0 / P, sp0 = int(m0 % P);
+  if constexpr (MODE == kRStep) sb0 = n0 / P, sp0 = int(n0 % P);
+  if constexpr (MODE == kDW) kb = c_lo * KC / P, kp = int(c_lo * KC % P);
 
   float acc[MI][NI][4];
 #pragma unroll
@@ -168,57 +160,93 @@ __global__ void __launch_bounds__(TL::THREADS) step_kernel(const __grid_constant
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-  if (c_lo < c_hi) {
-    load(c_lo);
-    sa.store(As[0], LDA);
-    sb.store(Bs[0], LDB);
-  }
-  __syncthreads();
-  for (long c = c_lo; c < c_hi; ++c) {
-    const int s = int(c - c_lo) & 1;
-    const bool more = c + 1 < c_hi;
-    if (more) load(c + 1);  // in flight while this chunk is multiplied
+  tc::pipeline_ns(
+      int(c_hi - c_lo), NS,
+      [&](int s, int c) {
+        Elem* st = smem + s * STAGE;
+        const long k0 = (c_lo + c) * KC;
+        const int kcnt = int(min(long(KC), a.depth - k0));
+        if constexpr (MODE == kDW) {  // advance (kb, kp) to k0 (the first chunk's was set above)
+          if (c > 0)
+            for (kp += KC; kp >= P; kp -= P) ++kb;
+        }
+        // A(row m0 + mm, k0 + kk) and B(k0 + kk, column n0 + mm) (the table above)
+        auto at_a = [&](int mm, int kk) -> long {
+          long b;
+          int p;
+          if constexpr (MODE == kFStep) {
+            split_bp(sb0, sp0, mm, P, b, p);
+            return b * a.n + (k0 + kk) * P + p;
+          } else if constexpr (MODE == kRStep) {
+            return (m0 + mm) * a.f + k0 + kk;
+          } else {
+            split_bp(kb, kp, kk, P, b, p);
+            return b * a.n + (m0 + mm) * P + p;
+          }
+        };
+        auto at_b = [&](int mm, int kk) -> long {
+          if constexpr (MODE == kRStep) return (n0 + mm) * a.f + k0 + kk;
+          else return (k0 + kk) * a.f + n0 + mm;
+        };
+        stage<BM, TL::THREADS, AK>(st, a.a, at_a, mcnt, kcnt, a.vec_a);
+        stage<BN, TL::THREADS, BK>(st + A_ELEMS, a.b, at_b, ncnt, kcnt, a.vec_b);
+      },
+      [&](int s, int) {
+        const Elem* sa = smem + s * STAGE;
+        const Elem* sb = sa + A_ELEMS;
 #pragma unroll
-    for (int ks = 0; ks < KC; ks += KS) {
-      uint32_t af[MI][4], bf[NI / 2][4];
+        for (int ks = 0; ks < KC; ks += KS) {
+          uint32_t af[MI][4], bf[NI / 2][4];
 #pragma unroll
-      for (int i = 0; i < MI; ++i) M::template load_a<true>(af[i], As[s], LDA, wm * MI * 16 + i * 16, ks, lane);
+          for (int i = 0; i < MI; ++i) {
+            if constexpr (AK) M::load_a_rows(af[i], sa, LDA, wm * MI * 16 + i * 16, ks, lane);
+            else M::template load_a<true>(af[i], sa, LDA, wm * MI * 16 + i * 16, ks, lane);
+          }
 #pragma unroll
-      for (int j = 0; j < NI / 2; ++j) M::load_b2(bf[j], Bs[s], LDB, wn * NI * 8 + j * 16, ks, lane);
+          for (int j = 0; j < NI / 2; ++j) {
+            if constexpr (BK) M::load_b2_rows(bf[j], sb, LDB, wn * NI * 8 + j * 16, ks, lane);
+            else M::load_b2(bf[j], sb, LDB, wn * NI * 8 + j * 16, ks, lane);
+          }
 #pragma unroll
-      for (int i = 0; i < MI; ++i)
+          for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int j = 0; j < NI; ++j) M::mma(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
-    }
-    if (more) {  // the other stage: every warp finished with it before the last barrier
-      sa.store(As[s ^ 1], LDA);
-      sb.store(Bs[s ^ 1], LDB);
-    }
-    __syncthreads();
-  }
+            for (int j = 0; j < NI; ++j)
+              M::mma(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+        }
+      });
 
   // D fragment: c0, c1 = (g, 2t..2t+1), c2, c3 = (g + 8, 2t..2t+1) of each 16 × 8 tile
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int i = 0; i < MI; ++i)
+  for (int j = 0; j < NI; ++j)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const long r = m0 + wm * MI * 16 + i * 16 + h * 8 + g;
-      if (r >= a.rows) continue;
-      long base;  // the output row's offset; column j adds j (F-step, dW) or j·P (R-step)
-      if constexpr (MODE == kFStep) base = r * a.f;
-      else if constexpr (MODE == kRStep) base = smp(r, 0, a);
-      else base = long(z) * a.f * a.f + r * a.f;
+    for (int e = 0; e < 2; ++e) {
+      const int cl = wn * NI * 8 + j * 8 + 2 * t + e;
+      if (cl >= ncnt) continue;
+      const long col = n0 + cl;
+      // the column's offset; row r adds r·f (F-step), r·P (R-step: dF_k[b][i = r][p]) or r·f (dW)
+      long cbase;
+      if constexpr (MODE == kRStep) {
+        long b;
+        int p;
+        split_bp(sb0, sp0, cl, P, b, p);
+        cbase = b * a.n + p;
+      } else if constexpr (MODE == kDW) {
+        cbase = long(z) * a.f * a.f + col;
+      } else {
+        cbase = col;
+      }
+      const long rstride = MODE == kRStep ? P : a.f;
 #pragma unroll
-      for (int j = 0; j < NI; ++j)
+      for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = n0 + wn * NI * 8 + j * 8 + 2 * t + e;
-          if (col >= a.cols) continue;
+        for (int h = 0; h < 2; ++h) {
+          const int rl = wm * MI * 16 + i * 16 + h * 8 + g;
+          if (rl >= mcnt) continue;
+          const long r = m0 + rl;
           const float v = acc[i][j][h * 2 + e];
-          if constexpr (MODE == kDW) static_cast<float*>(a.c)[base + col] = v;
-          else if constexpr (MODE == kRStep) static_cast<Elem*>(a.c)[base + long(col) * a.p] = to_elem(v);
-          else static_cast<Elem*>(a.c)[base + col] = to_elem(v);
+          if constexpr (MODE == kDW) static_cast<float*>(a.c)[cbase + r * rstride] = v;
+          else static_cast<Elem*>(a.c)[cbase + r * rstride] = to_elem(v);
         }
     }
 }
@@ -244,12 +272,14 @@ struct StepPlan {
   bool big;
   int tiles_n, tiles, splits;
 };
-template <class TL> long tiles_of(long rows, int cols) { return ((rows + TL::BM - 1) / TL::BM) * cdiv(cols, TL::BN); }
-// F- and R-steps: the 128 × 128 tile where it fills every SM and the factor has more than 64 columns
-inline StepPlan plan_step(long rows, int cols, int sms) {
-  const bool big = cols > 64 && tiles_of<Big>(rows, cols) >= sms;
+template <class TL> long tiles_of(long rows, long cols) {
+  return ((rows + TL::BM - 1) / TL::BM) * ((cols + TL::BN - 1) / TL::BN);
+}
+// F- and R-steps: the 128 × 128 tile where both sides are over 64 and it fills every SM
+inline StepPlan plan_step(long rows, long cols, int sms) {
+  const bool big = rows > 64 && cols > 64 && tiles_of<Big>(rows, cols) >= sms;
   const int bn = big ? Big::BN : Small::BN;
-  return {big, cdiv(cols, bn), int(big ? tiles_of<Big>(rows, cols) : tiles_of<Small>(rows, cols)), 1};
+  return {big, int((cols + bn - 1) / bn), int(big ? tiles_of<Big>(rows, cols) : tiles_of<Small>(rows, cols)), 1};
 }
 // dW: split the contraction so that tiles × splits blocks fill two waves, each split at least 4 chunks deep
 inline StepPlan plan_dw(long depth, int f, int sms) {
@@ -266,7 +296,16 @@ inline StepPlan plan_dw(long depth, int f, int sms) {
 }
 
 template <int MODE, class TL> cudaError_t launch_step(const StepArgs& a, cudaStream_t s) {
-  step_kernel<MODE, TL><<<unsigned(long(a.tiles) * a.splits), TL::THREADS, 0, s>>>(a);
+  constexpr int smem = smem_bytes<MODE, TL>();
+  static bool opted[64] = {};  // the opt-in above 48 KB, once per instantiation and device
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64 || !opted[dev]) {
+    cudaError_t e = cudaFuncSetAttribute(step_kernel<MODE, TL>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    if (dev >= 0 && dev < 64) opted[dev] = true;
+  }
+  step_kernel<MODE, TL><<<unsigned(long(a.tiles) * a.splits), TL::THREADS, smem, s>>>(a);
   return cudaGetLastError();
 }
 template <int MODE> cudaError_t launch(StepArgs a, const StepPlan& p, cudaStream_t s) {
@@ -331,9 +370,9 @@ cudaError_t backward(const Elem* g, const Elem* x, const Elem* const* w, const i
       cudaError_t e = launch<kDW>(a, pd, s);
       if (e != cudaSuccess) return e;
       Elem* out = k == K ? dx : dF[(k - 1) & 1];
-      StepArgs r = args(D, w[k - 1], out, fk, fk % VW == 0 && al16(D), fk % VW == 0 && al16(w[k - 1]));
-      r.rows = B * P, r.cols = fk, r.depth = fk;
-      e = launch<kRStep>(r, plan_step(r.rows, fk, sms), s);
+      StepArgs r = args(w[k - 1], D, out, fk, fk % VW == 0 && al16(w[k - 1]), fk % VW == 0 && al16(D));
+      r.rows = fk, r.cols = B * P, r.depth = fk;
+      e = launch<kRStep>(r, plan_step(r.rows, r.cols, sms), s);
       if (e != cudaSuccess) return e;
       D = out;
     }

@@ -41,6 +41,24 @@ template <> struct Mma<float> {  // m16n8k8 TF32
     b[2] = tf32(p[8]);
     b[3] = tf32(p[4 * ld + 8]);
   }
+  // The same fragments from operands stored with k contiguous ("rows": A(m, k) at s[m·ld + k], B(k, n) at s[n·ld + k]),
+  // rounded; ld ≡ 4 (mod 32) words keeps the 32 lanes on distinct banks
+  __device__ __forceinline__ static void load_a_rows(uint32_t (&a)[4], const float* s, int ld, int m0, int k0,
+                                                     int lane) {
+    const float* p = s + (m0 + (lane >> 2)) * ld + k0 + (lane & 3);
+    a[0] = tf32(p[0]);
+    a[1] = tf32(p[8 * ld]);
+    a[2] = tf32(p[4]);
+    a[3] = tf32(p[8 * ld + 4]);
+  }
+  __device__ __forceinline__ static void load_b2_rows(uint32_t (&b)[4], const float* s, int ld, int n0, int k0,
+                                                      int lane) {
+    const float* p = s + (n0 + (lane >> 2)) * ld + k0 + (lane & 3);
+    b[0] = tf32(p[0]);
+    b[1] = tf32(p[4]);
+    b[2] = tf32(p[8 * ld]);
+    b[3] = tf32(p[8 * ld + 4]);
+  }
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
@@ -51,6 +69,13 @@ template <> struct Mma<float> {  // m16n8k8 TF32
 
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// without .trans: lane (g, t) gets row g, columns 2t and 2t + 1 of each 8×8 matrix
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
 }
@@ -73,6 +98,20 @@ template <> struct Mma<__nv_bfloat16> {  // m16n8k16 bf16
     const int j = lane >> 3, r = lane & 7;
     ldsm_x4_trans(b, s + (k0 + (j & 1) * 8 + r) * ld + n0 + (j >> 1) * 8);
   }
+  // The same fragments from operands stored with k contiguous (A(m, k) at s[m·ld + k], B(k, n) at s[n·ld + k]), by
+  // ldmatrix without .trans: A (m 0-7, k 0-7) -> a0, (m 8-15, k 0-7) -> a1, (m 0-7, k 8-15) -> a2, (m 8-15, k 8-15)
+  // -> a3; B (n 0-7, k 0-7) -> b0, (n 0-7, k 8-15) -> b1, the same at n0 + 8 -> b2, b3. ld·2 ≡ 16 (mod 128) bytes
+  // puts an ldmatrix's 8 row addresses on distinct banks
+  __device__ __forceinline__ static void load_a_rows(uint32_t (&a)[4], const __nv_bfloat16* s, int ld, int m0,
+                                                     int k0, int lane) {
+    const int j = lane >> 3, r = lane & 7;
+    ldsm_x4(a, s + (m0 + (j & 1) * 8 + r) * ld + k0 + (j >> 1) * 8);
+  }
+  __device__ __forceinline__ static void load_b2_rows(uint32_t (&b)[4], const __nv_bfloat16* s, int ld, int n0,
+                                                      int k0, int lane) {
+    const int j = lane >> 3, r = lane & 7;
+    ldsm_x4(b, s + (n0 + (j >> 1) * 8 + r) * ld + k0 + (j & 1) * 8);
+  }
   __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
@@ -80,6 +119,40 @@ template <> struct Mma<__nv_bfloat16> {  // m16n8k16 bf16
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
+
+// ---- an ns-stage cp.async pipeline, one barrier per chunk ---------------------------------------------------------
+// ns - 1 chunks are in flight while one is multiplied (v2's pipeline keeps one in flight, behind two barriers: at
+// batch 32 a chunk then cost ~1.3 us, mostly waiting). Chunk c + ns - 1 goes into the stage chunk c - 1 used, right
+// after the barrier that every warp passes only when done with chunk c - 1.
+__device__ __forceinline__ void cp_async_wait_upto(int n) {  // wait_group takes an immediate
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    default: cp_async_wait<6>(); break;
+  }
+}
+constexpr int kMaxStages = 8;
+
+template <class Issue, class Compute>
+__device__ __forceinline__ void pipeline_ns(int nchunks, int ns, Issue&& issue, Compute&& compute) {
+  for (int c = 0; c < ns - 1; ++c) {
+    if (c < nchunks) issue(c, c);
+    cp_async_commit();
+  }
+  for (int c = 0; c < nchunks; ++c) {
+    cp_async_wait_upto(ns - 2);  // this thread's copies of chunk c have landed
+    __syncthreads();             // everyone's have, and every warp is done with chunk c - 1
+    const int nx = c + ns - 1;
+    if (nx < nchunks) issue(nx % ns, nx);
+    cp_async_commit();  // possibly empty: keeps the group count uniform
+    compute(c % ns, c);
+  }
+  __syncthreads();  // the stages are free for the next tile
+}
 
 }  // namespace tc
 }  // namespace kron

@@ -130,40 +130,6 @@ __device__ __forceinline__ void stage(Elem* dst, int ld, const Elem* src, int ks
   }
 }
 
-// ---- an ns-stage cp.async pipeline, one barrier per chunk ---------------------------------------------------------
-// ns - 1 chunks are in flight while one is multiplied (v2's pipeline keeps one in flight, behind two barriers: at
-// batch 32 a chunk then cost ~1.3 us, mostly waiting). Chunk c + ns - 1 goes into the stage chunk c - 1 used, right
-// after the barrier that every warp passes only when done with chunk c - 1.
-__device__ __forceinline__ void cp_async_wait_upto(int n) {  // wait_group takes an immediate
-  switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    default: cp_async_wait<6>(); break;
-  }
-}
-constexpr int kMaxStages = 8;
-
-template <class Issue, class Compute>
-__device__ __forceinline__ void pipeline_ns(int nchunks, int ns, Issue&& issue, Compute&& compute) {
-  for (int c = 0; c < ns - 1; ++c) {
-    if (c < nchunks) issue(c, c);
-    cp_async_commit();
-  }
-  for (int c = 0; c < nchunks; ++c) {
-    cp_async_wait_upto(ns - 2);  // this thread's copies of chunk c have landed
-    __syncthreads();             // everyone's have, and every warp is done with chunk c - 1
-    const int nx = c + ns - 1;
-    if (nx < nchunks) issue(nx % ns, nx);
-    cp_async_commit();  // possibly empty: keeps the group count uniform
-    compute(c % ns, c);
-  }
-  __syncthreads();  // the stages are free for the next tile
-}
-
 struct Args {
   const Elem* x;
   Elem* y;
