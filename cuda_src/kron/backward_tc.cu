@@ -1,28 +1,40 @@
 // kron/backward_tc.cu — the backward of the tensor-core versions (3, 4, 5): TF32 on float32 tensors, bf16 with fp32
 // accumulators on bfloat16 ones. One mma.sync GEMM kernel, instantiated for the three kinds of step (kron.cuh has
 // the algebra; F_K = x, F_{k-1} = F_kᵀ·W_k, dF_0 = dy):
-//   F-step  F_{k-1}[b] (P, f) = F_k[b]ᵀ · W_k     rows (b, p), columns j, contraction i — recomputes the states
-//   R-step  dF_k[b] (f, P)    = W_k · dF_{k-1}[b]ᵀ rows (b, p), columns i, contraction j
-//   dW      dW_k (f, f)       = Σ_b F_k[b] · dF_{k-1}[b]   rows i, columns j, contraction (b, p), split over blocks
+//   F-step  F_{k-1}[b] (P, f) = F_k[b]ᵀ · W_k                 recomputes the states
+//   R-step  dF_k[b] (f, P)    = W_k · dF_{k-1}[b]ᵀ
+//   dW      dW_k (f, f)       = Σ_b F_k[b] · dF_{k-1}[b]      split over blocks along the contraction (b, p)
 // The forward kernels of v3-v5 keep their states on chip and save none, so the backward recomputes F_{K-1} … F_1
-// (K-1 F-steps, the forward's cost without its fusion) before the K R-steps and K dW GEMMs. Every dW is split over the
-// contraction into per-block fp32 partials, summed in a fixed order by one reduce launch (deterministic, as
-// backward.cu). Intermediates are stored in the tensor's dtype (bf16 rounds each state and dF, as cuBLAS-factorwise
-// does between its GEMMs; the TF32 build keeps them in fp32 and rounds operands as it stages them).
+// (K-1 F-steps) before the K R-steps and K dW GEMMs. Every dW is split into per-block fp32 partials, summed in a fixed
+// order by one reduce launch (deterministic, as backward.cu). Intermediates are stored in the tensor's dtype (bf16
+// rounds each state and dF, as cuBLAS-factorwise does between its GEMMs; TF32 keeps fp32 and rounds operands to TF32
+// as it loads their fragments).
 //
-// The kernel: a block owns a BM × BN output tile (128 × 128 with 8 warps of 64 × 32, or 64 × 64 with 4 warps of 32 ×
-// 32 where the large tile leaves SMs idle); both operands go through shared memory k-major (A(m, k) at s[k·ld + m], the
-// layout mma_sync.cuh's fragment loads take), double-buffered with the next chunk's global loads held in registers
-// while the current chunk is multiplied: one barrier per 64-byte-deep chunk. An operand whose memory layout is
-// contiguous along m (or n) is copied in 16-byte vectors; one contiguous along k (the R-step's both, dW's A) is
-// transposed as it is stored: each thread holds a run of k for one row, and consecutive threads write consecutive
-// rows (no bank conflicts). Odd sizes (a dimension not a multiple of the vector, a misaligned view) take element
-// loads with per-element bounds; tiles past an edge are zero-filled.
+// The kernel (step_kernel): a block owns a BM × BN output tile — 128 × 128, 8 warps of 64 × 32, where that tile fills
+// every SM, else 64 × 64, 4 warps of 32 × 32 — and walks the contraction in 64-byte-deep chunks through a 4-stage
+// cp.async pipeline (one barrier a chunk). Each operand is copied as it lies in memory, in 16-byte runs: one
+// contiguous along its row/column index is staged [k][m] (fragments by ldmatrix.trans for bf16), one contiguous along k
+// as [m][k] (plain ldmatrix); so no operand is transposed by the threads. The output tile leaves through shared memory
+// in 16-byte runs along its columns (the R-step puts the samples on the columns, so dF_k[b][i][p] is written along p).
+// Odd sizes (a dimension not a multiple of the run, a misaligned view) take element loads and stores with
+// per-element bounds; tiles past an edge are zero-filled.
 //
-// Napkin math (factors 128 × 128, batch 1024, N = 16384): forward + backward = 3 forward-equivalents of FLOPs
-// (25.8 GFLOP, 52 us at the dense TF32 rate; bf16 26 us) plus the recomputed state (1 more F-step, 4.3 GFLOP); bytes:
-// every step reads and writes a (B, N) tensor: ~7 passes over 67 MB (TF32) — 155 us at the 3.0 TB/s copy probe, so the
-// per-step backward is memory-bound at large batch; the fused forward's single pass (v5) does not carry over.
+// Napkin math (factors 128 × 128, batch 1024, bf16; one (B, N) tensor is 33.5 MB): 5 steps each read two such tensors
+// or read one and write one (335 MB), the dW partials 2 × 17 MB written and read back: ~400 MB, 134 us at the 3.0 TB/s
+// the lab's copy probe measures (TF32: twice the bytes, ~250 us). The FLOPs (5 GEMMs of 4.3 GFLOP) take ~25 us at the
+// dense bf16 rate: the steps are memory-bound, each at most a copy's speed.
+// How the kernel got there (H100, graph, L2 flushed, backward alone at batch 1024, bf16 / TF32):
+//  1. Operands staged through registers and transposed by the threads where contiguous along k, the accumulators
+//     stored straight from the fragments: 417 / 611 us.
+//  2. cp.async in 4 stages, every operand copied as it lies (no transposes), no 64-bit division per element: 442-448 /
+//     615-620 us — no gain; ncu: the F- and R-steps at 17-20% of the DRAM bandwidth, each fragment store (2 or 4
+//     bytes, 8 rows per instruction) touching 8 sectors.
+//  3. The output through shared memory in 16-byte runs: 220 / 386 us (forward + backward through autograd 247 / 454,
+//     cuBLAS-factorwise 331 / 557 in the same run). ncu (bf16): F-step 41 us at 36% of DRAM peak, each dW 38-40 us at
+//     52-55%, each R-step 43 us at 34%, the reduce 24 us at 46%; issue slots ~50% busy. The 64 × 64 tile measured
+//     315 / 463 us at this batch.
+// The reduce then gave each output column 8 warps over the splits (below). What is left: every step is its own pass
+// over (B, N) tensors; fusing the R-step's dF into the next dW (as v5 fuses the forward) is the next design.
 // lab:variants dtype=f32,bf16
 #include "kron.cuh"
 #include "mma_sync.cuh"
@@ -30,6 +42,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace kron {
 namespace tcb {
@@ -81,6 +94,7 @@ struct StepArgs {
   int f, p;       // the factor's size and P = N / f
   int tiles_n, tiles, splits;
   bool vec_a, vec_b;  // 16-byte runs: the run's dimension a multiple of VW, the pointer 16-byte aligned
+  bool vec_c;         // the same for the output's runs along its columns
 };
 
 // (b, p) of index base + off of a flattened (b, p) axis, given (b0, p0) of base: the rows of an F-step tile, the
@@ -127,7 +141,13 @@ template <int R, bool ALONG_K> __host__ __device__ constexpr int tile_elems() {
 template <int MODE, class TL> __host__ __device__ constexpr int stage_bytes() {
   return (tile_elems<TL::BM, a_along_k<MODE>()>() + tile_elems<TL::BN, b_along_k<MODE>()>()) * int(sizeof(Elem));
 }
-template <int MODE, class TL> constexpr int smem_bytes() { return TL::NS * stage_bytes<MODE, TL>(); }
+// what a step writes: the partials of dW in fp32, the states and dF in the dtype
+template <int MODE> using OutOf = typename std::conditional<MODE == kDW, float, Elem>::type;
+template <int MODE, class TL> constexpr int smem_bytes() {
+  constexpr int stages = TL::NS * stage_bytes<MODE, TL>();
+  constexpr int ctile = TL::BM * (TL::BN + 16 / int(sizeof(OutOf<MODE>))) * int(sizeof(OutOf<MODE>));
+  return stages > ctile ? stages : ctile;
+}
 
 template <int MODE, class TL>
 __global__ void __launch_bounds__(TL::THREADS) step_kernel(const __grid_constant__ StepArgs a) {
@@ -215,40 +235,58 @@ __global__ void __launch_bounds__(TL::THREADS) step_kernel(const __grid_constant
         }
       });
 
-  // D fragment: c0, c1 = (g, 2t..2t+1), c2, c3 = (g + 8, 2t..2t+1) of each 16 × 8 tile
+  // The output tile leaves through shared memory (the stages are free: pipeline_ns ends on a barrier): the fragments
+  // (c0, c1 = (g, 2t..2t+1), c2, c3 = (g + 8, 2t..2t+1) of each 16 × 8 tile) go to Cs[row][column], then every
+  // output is written along its columns in 16-byte runs. (Storing the fragments straight to global memory, 2- or
+  // 4-byte stores each touching 8 rows, left the F- and R-steps at ~20% of the DRAM bandwidth.)
+  using Out = OutOf<MODE>;
+  constexpr int OVW = 16 / int(sizeof(Out)), LDC = BN + OVW;
+  Out* Cs = reinterpret_cast<Out*>(smem_raw);
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < NI; ++j)
+  for (int i = 0; i < MI; ++i)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int cl = wn * NI * 8 + j * 8 + 2 * t + e;
-      if (cl >= ncnt) continue;
-      const long col = n0 + cl;
-      // the column's offset; row r adds r·f (F-step), r·P (R-step: dF_k[b][i = r][p]) or r·f (dW)
-      long cbase;
-      if constexpr (MODE == kRStep) {
-        long b;
-        int p;
-        split_bp(sb0, sp0, cl, P, b, p);
-        cbase = b * a.n + p;
-      } else if constexpr (MODE == kDW) {
-        cbase = long(z) * a.f * a.f + col;
-      } else {
-        cbase = col;
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < NI; ++j) {
+        Out* d = Cs + (wm * MI * 16 + i * 16 + h * 8 + g) * LDC + wn * NI * 8 + j * 8 + 2 * t;
+        tc::store_pair(d, acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
       }
-      const long rstride = MODE == kRStep ? P : a.f;
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int rl = wm * MI * 16 + i * 16 + h * 8 + g;
-          if (rl >= mcnt) continue;
-          const long r = m0 + rl;
-          const float v = acc[i][j][h * 2 + e];
-          if constexpr (MODE == kDW) static_cast<float*>(a.c)[cbase + r * rstride] = v;
-          else static_cast<Elem*>(a.c)[cbase + r * rstride] = to_elem(v);
-        }
+  __syncthreads();
+  Out* c = static_cast<Out*>(a.c);
+  for (int q = threadIdx.x; q < BM * BN / OVW; q += TL::THREADS) {
+    const int rl = q / (BN / OVW), cl = (q % (BN / OVW)) * OVW;
+    if (rl >= mcnt || cl >= ncnt) continue;
+    const long r = m0 + rl;
+    // the run's first element: F-step F_{k-1}[b][p][j] = (r, col); R-step dF_k[b][i = r][p] with (b, p) = col;
+    // dW partial z, (r, col)
+    long at;
+    if constexpr (MODE == kRStep) {
+      long b;
+      int p;
+      split_bp(sb0, sp0, cl, P, b, p);
+      at = b * a.n + r * P + p;
+    } else if constexpr (MODE == kDW) {
+      at = long(z) * a.f * a.f + r * a.f + n0 + cl;
+    } else {
+      at = r * a.f + n0 + cl;
     }
+    const Out* src = Cs + rl * LDC + cl;
+    if (a.vec_c) {  // a run stays in one row (and sample) and is 16-byte aligned
+      *reinterpret_cast<uint4*>(c + at) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < OVW && cl + e < ncnt; ++e) {
+        long ae = at + e;
+        if constexpr (MODE == kRStep) {  // the next column may be the next sample's
+          long b;
+          int p;
+          split_bp(sb0, sp0, cl + e, P, b, p);
+          ae = b * a.n + r * P + p;
+        }
+        c[ae] = src[e];
+      }
+    }
+  }
 }
 
 struct ReduceArgs {
@@ -257,13 +295,35 @@ struct ReduceArgs {
   int ff[kMaxFactors];  // f_k²
   int splits[kMaxFactors];
 };
-// dW_k[e] = Σ_z part_k[z][e], z in order (fp32), rounded once to the dtype. grid.y = factor.
-__global__ void reduce_kernel(const __grid_constant__ ReduceArgs a) {
+// dW_k[e] = Σ_z part_k[z][e] (fp32), rounded once to the dtype. grid (cdiv(max f_k², 128), K), 256 threads: lane l of
+// warp w sums the 4 elements e0 + 4l … over the splits z ≡ w (mod 8) (float4 loads where f_k² is a multiple of 4),
+// then the 8 warps' sums are added in warp order: a fixed order, so the result does not depend on scheduling. (One
+// thread per element, walking all 264 splits of a 128 × 128 factor in turn, read at 46% of the DRAM bandwidth.)
+__global__ void __launch_bounds__(256) reduce_kernel(const __grid_constant__ ReduceArgs a) {
   const int k = blockIdx.y, ff = a.ff[k], splits = a.splits[k];
-  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < ff; e += gridDim.x * blockDim.x) {
-    float s = 0.f;
-    for (int z = 0; z < splits; ++z) s += a.part[k][long(z) * ff + e];
-    a.out[k][e] = to_elem(s);
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  const int e0 = blockIdx.x * 128 + lane * 4;
+  if (int(blockIdx.x) * 128 >= ff) return;  // the whole block: this factor is smaller
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+  const bool vec = ff % 4 == 0;
+  for (int z = w; z < splits; z += 8) {
+    const float* p = a.part[k] + long(z) * ff + e0;
+    if (vec && e0 < ff) {
+      const float4 v = *reinterpret_cast<const float4*>(p);
+      s[0] += v.x, s[1] += v.y, s[2] += v.z, s[3] += v.w;
+    } else if (!vec) {
+      for (int j = 0; j < 4; ++j)
+        if (e0 + j < ff) s[j] += p[j];
+    }
+  }
+  __shared__ float red[8][32][4];
+  for (int j = 0; j < 4; ++j) red[w][lane][j] = s[j];
+  __syncthreads();
+  if (w != 0) return;
+  for (int j = 0; j < 4 && e0 + j < ff; ++j) {
+    float t = red[0][lane][j];
+    for (int i = 1; i < 8; ++i) t += red[i][lane][j];
+    a.out[k][e0 + j] = to_elem(t);
   }
 }
 
@@ -347,7 +407,7 @@ cudaError_t backward(const Elem* g, const Elem* x, const Elem* const* w, const i
     for (int k = K; k >= 2; --k) {  // F_{k-1} = F_kᵀ · W_k
       const int fk = f[k - 1];
       StepArgs a = args(F[k], w[k - 1], F[k - 1], fk, (N / fk) % VW == 0 && al16(F[k]), fk % VW == 0 && al16(w[k - 1]));
-      a.rows = B * (N / fk), a.cols = fk, a.depth = fk;
+      a.rows = B * (N / fk), a.cols = fk, a.depth = fk, a.vec_c = fk % VW == 0 && al16(F[k - 1]);
       cudaError_t e = launch<kFStep>(a, plan_step(a.rows, fk, sms), s);
       if (e != cudaSuccess) return e;
     }
@@ -366,19 +426,19 @@ cudaError_t backward(const Elem* g, const Elem* x, const Elem* const* w, const i
     max_ff = std::max(max_ff, fk * fk);
     if (B > 0) {
       StepArgs a = args(F[k], D, p, fk, P % VW == 0 && al16(F[k]), fk % VW == 0 && al16(D));
-      a.rows = fk, a.cols = fk, a.depth = B * P;
+      a.rows = fk, a.cols = fk, a.depth = B * P, a.vec_c = fk % 4 == 0;  // partials: float runs, 256-byte aligned
       cudaError_t e = launch<kDW>(a, pd, s);
       if (e != cudaSuccess) return e;
       Elem* out = k == K ? dx : dF[(k - 1) & 1];
       StepArgs r = args(w[k - 1], D, out, fk, fk % VW == 0 && al16(w[k - 1]), fk % VW == 0 && al16(D));
-      r.rows = fk, r.cols = B * P, r.depth = fk;
+      r.rows = fk, r.cols = B * P, r.depth = fk, r.vec_c = P % VW == 0 && al16(out);
       e = launch<kRStep>(r, plan_step(r.rows, r.cols, sms), s);
       if (e != cudaSuccess) return e;
       D = out;
     }
     p += pad256(long(pd.splits) * fk * fk * 4);
   }
-  dim3 grid(unsigned(std::min(cdiv(max_ff, 256), 4 * sms)), unsigned(K));
+  dim3 grid(unsigned(cdiv(max_ff, 128)), unsigned(K));
   reduce_kernel<<<grid, 256, 0, s>>>(ra);
   return cudaGetLastError();
 }

@@ -120,6 +120,14 @@ template <> struct Mma<__nv_bfloat16> {  // m16n8k16 bf16
   }
 };
 
+// two adjacent accumulators (an mma D fragment's c0, c1) stored as one 8-byte (fp32) or 4-byte (bf16) word
+__device__ __forceinline__ void store_pair(float* p, float v0, float v1) {
+  *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+}
+__device__ __forceinline__ void store_pair(__nv_bfloat16* p, float v0, float v1) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+}
+
 // ---- an ns-stage cp.async pipeline, one barrier per chunk ---------------------------------------------------------
 // ns - 1 chunks are in flight while one is multiplied (v2's pipeline keeps one in flight, behind two barriers: at
 // batch 32 a chunk then cost ~1.3 us, mostly waiting). Chunk c + ns - 1 goes into the stage chunk c - 1 used, right

@@ -65,12 +65,6 @@ constexpr int VW = 16 / int(sizeof(Elem));  // elements per 16-byte vector
 // bf16 rounds to nearest bf16, as cuBLAS-factorwise writes its intermediate.
 __device__ __forceinline__ float state_val(float v, float*) { return __uint_as_float(tf32(v)); }
 __device__ __forceinline__ __nv_bfloat16 state_val(float v, __nv_bfloat16*) { return __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store_pair(float* p, float v0, float v1) {
-  *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
-}
-__device__ __forceinline__ void store_pair(__nv_bfloat16* p, float v0, float v1) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
-}
 __device__ __forceinline__ void store_one(float* p, float v) { *p = v; }
 // two adjacent state elements, 8-byte (fp32) or 4-byte (bf16) aligned
 __device__ __forceinline__ void store_state_pair(float* p, float v0, float v1) {
