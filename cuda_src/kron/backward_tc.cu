@@ -64,14 +64,13 @@ constexpr int kPad = 8;                      // row padding of the shared tiles:
 
 enum Mode { kFStep = 0, kRStep = 1, kDW = 2 };
 
-template <int BM_, int BN_, int WM_, int WN_, int NS_, int MINB_> struct TileCfg {
+template <int BM_, int BN_, int WM_, int WN_, int NS_> struct TileCfg {
   static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, NS = NS_;  // block tile; WM × WN warps; NS stages
-  static constexpr int MINB = MINB_;                                     // blocks an SM the registers must allow
   static constexpr int THREADS = WM * WN * 32;
   static constexpr int MI = BM / WM / 16, NI = BN / WN / 8;              // m16 and n8 tiles per warp
 };
-using Big = TileCfg<128, 128, 2, 4, 3, 2>;  // warp tile 64 × 32, 64 accumulators a thread; two blocks an SM
-using Small = TileCfg<64, 64, 2, 2, 4, 1>;  // warp tile 32 × 32
+using Big = TileCfg<128, 128, 2, 4, 4>;  // warp tile 64 × 32, 64 accumulators a thread
+using Small = TileCfg<64, 64, 2, 2, 4>;  // warp tile 32 × 32
 
 // The three steps as GEMMs C (rows × cols) = A (rows × depth) · B (depth × cols), each operand read where it lies:
 //   F-step  rows (b, p), cols j, k = i    A = F_k[b][i][p]  (along rows)   B = W[i][j]      (along cols)
@@ -144,156 +143,51 @@ template <int MODE, class TL> __host__ __device__ constexpr int stage_bytes() {
 }
 // what a step writes: the partials of dW in fp32, the states and dF in the dtype
 template <int MODE> using OutOf = typename std::conditional<MODE == kDW, float, Elem>::type;
-// The F- and R-steps are persistent: a block walks tiles blockIdx.x, + gridDim.x, … as one stream of chunks, so the
-// next tile's loads are in flight while this tile's output is written; their output tile has shared memory of its own
-// (CROWS rows at a time, at most ~36 KB, so that two blocks fit an SM beside the stages). dW blocks own one (tile,
-// split) each and write their output through the stages' memory once the pipeline has drained.
-template <int MODE> __host__ __device__ constexpr bool persistent() { return MODE != kDW; }
-template <int MODE, class TL> __host__ __device__ constexpr int c_rows() {
-  constexpr int per_row = (TL::BN + 16 / int(sizeof(OutOf<MODE>))) * int(sizeof(OutOf<MODE>));
-  return !persistent<MODE>() || TL::BM * per_row <= 36 * 1024 ? TL::BM : TL::BM / 2;
-}
-template <int MODE, class TL> constexpr int c_bytes() {
-  return c_rows<MODE, TL>() * (TL::BN + 16 / int(sizeof(OutOf<MODE>))) * int(sizeof(OutOf<MODE>));
-}
 template <int MODE, class TL> constexpr int smem_bytes() {
   constexpr int stages = TL::NS * stage_bytes<MODE, TL>();
-  if constexpr (persistent<MODE>()) return stages + c_bytes<MODE, TL>();
-  return stages > c_bytes<MODE, TL>() ? stages : c_bytes<MODE, TL>();
-}
-
-// A tile's place: its first row and column, how many of its rows and columns lie inside, and (b, p) of its first row
-// (F-step) or column (R-step)
-struct Geo {
-  long m0, n0, sb0;
-  int mcnt, ncnt, sp0;
-};
-template <int MODE, class TL> __device__ __forceinline__ Geo geo_of(int tile, const StepArgs& a) {
-  Geo g;
-  g.m0 = long(tile / a.tiles_n) * TL::BM;
-  g.n0 = long(tile % a.tiles_n) * TL::BN;
-  g.mcnt = int(min(long(TL::BM), a.rows - g.m0));
-  g.ncnt = int(min(long(TL::BN), a.cols - g.n0));
-  const long first = MODE == kFStep ? g.m0 : g.n0;
-  g.sb0 = MODE == kDW ? 0 : first / a.p;
-  g.sp0 = MODE == kDW ? 0 : int(first % a.p);
-  return g;
+  constexpr int ctile = TL::BM * (TL::BN + 16 / int(sizeof(OutOf<MODE>))) * int(sizeof(OutOf<MODE>));
+  return stages > ctile ? stages : ctile;
 }
 
 template <int MODE, class TL>
-__global__ void __launch_bounds__(TL::THREADS, TL::MINB) step_kernel(const __grid_constant__ StepArgs a) {
+__global__ void __launch_bounds__(TL::THREADS) step_kernel(const __grid_constant__ StepArgs a) {
   constexpr int BM = TL::BM, BN = TL::BN, MI = TL::MI, NI = TL::NI, NS = TL::NS;
   constexpr bool AK = a_along_k<MODE>(), BK = b_along_k<MODE>();
   constexpr int LDA = AK ? KC + VW : BM + kPad, LDB = BK ? KC + VW : BN + kPad;
   constexpr int A_ELEMS = tile_elems<BM, AK>(), STAGE = A_ELEMS + tile_elems<BN, BK>();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Elem* smem = reinterpret_cast<Elem*>(smem_raw);
-  const int P = a.p;
-  // the chunks this block walks: F-/R-step, every tile of a grid stride, each all of the contraction; dW, its split of
-  // one tile's
-  const long kchunks = (a.depth + KC - 1) / KC;
-  int tile0, tstride, ntiles;
-  long c_lo = 0, nk = kchunks;
-  if constexpr (persistent<MODE>()) {
-    tile0 = int(blockIdx.x), tstride = int(gridDim.x);
-    ntiles = tile0 < a.tiles ? (a.tiles - tile0 + tstride - 1) / tstride : 0;
-  } else {
-    const int z = int(blockIdx.x) / a.tiles;
-    tile0 = int(blockIdx.x) % a.tiles, tstride = 1, ntiles = 1;
-    c_lo = kchunks * z / a.splits;
-    nk = kchunks * (z + 1) / a.splits - c_lo;
-  }
-  const int z = persistent<MODE>() ? 0 : int(blockIdx.x) / a.tiles;
+  const int z = int(blockIdx.x) / a.tiles, tile = int(blockIdx.x) % a.tiles;
+  const long m0 = long(tile / a.tiles_n) * BM, n0 = long(tile % a.tiles_n) * BN;
+  const long nchunks = (a.depth + KC - 1) / KC;
+  const long c_lo = nchunks * z / a.splits, c_hi = nchunks * (z + 1) / a.splits;  // this split's chunks
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int wm = warp / TL::WN, wn = warp % TL::WN;
-
-  Geo gi = geo_of<MODE, TL>(tile0, a), gc = gi;  // the tile being issued, the tile being multiplied
-  int ti = 0, tc_ = 0;                            // their positions in this block's sequence
-  long kb = 0;                                    // dW: (b, p) of the chunk being issued (chunks go in order)
-  int kp = 0;
+  const int P = a.p;
+  const int mcnt = int(min(long(BM), a.rows - m0)), ncnt = int(min(long(BN), a.cols - n0));
+  // (b, p) of the tile's first row (F-step) or column (R-step); dW: of the chunk being issued (chunks go in order)
+  long sb0 = 0, kb = 0;
+  int sp0 = 0, kp = 0;
+  if constexpr (MODE == kFStep) sb0 = m0 / P, sp0 = int(m0 % P);
+  if constexpr (MODE == kRStep) sb0 = n0 / P, sp0 = int(n0 % P);
   if constexpr (MODE == kDW) kb = c_lo * KC / P, kp = int(c_lo * KC % P);
 
   float acc[MI][NI][4];
-  auto zero_acc = [&] {
 #pragma unroll
-    for (int i = 0; i < MI; ++i)
+  for (int i = 0; i < MI; ++i)
 #pragma unroll
-      for (int j = 0; j < NI; ++j)
+    for (int j = 0; j < NI; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-  };
-  zero_acc();
-
-  using Out = OutOf<MODE>;
-  constexpr int OVW = 16 / int(sizeof(Out)), LDC = BN + OVW, CROWS = c_rows<MODE, TL>();
-  Out* Cs = reinterpret_cast<Out*>(smem_raw + (persistent<MODE>() ? NS * STAGE * int(sizeof(Elem)) : 0));
-  Out* c = static_cast<Out*>(a.c);
-  // The output tile leaves through shared memory, CROWS rows at a time: the fragments (c0, c1 = (g, 2t..2t+1), c2, c3
-  // = (g + 8, 2t..2t+1) of each 16 × 8 tile) go to Cs[row][column], then every output is written along its columns in
-  // 16-byte runs. (Storing the fragments straight to global memory, 2- or 4-byte stores each touching 8 rows, left
-  // the F- and R-steps at ~20% of the DRAM bandwidth.)
-  auto epilogue = [&](const Geo& G) {
-    const int g = lane >> 2, t = lane & 3;
-    for (int r0 = 0; r0 < BM; r0 += CROWS) {
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int rl = wm * MI * 16 + i * 16 + h * 8 + g - r0;
-          if (rl < 0 || rl >= CROWS) continue;
-#pragma unroll
-          for (int j = 0; j < NI; ++j)
-            tc::store_pair(Cs + rl * LDC + wn * NI * 8 + j * 8 + 2 * t, acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
-        }
-      __syncthreads();
-      for (int q = threadIdx.x; q < CROWS * BN / OVW; q += TL::THREADS) {
-        const int rl = q / (BN / OVW), cl = (q % (BN / OVW)) * OVW;
-        if (r0 + rl >= G.mcnt || cl >= G.ncnt) continue;
-        const long r = G.m0 + r0 + rl;
-        // the run's first element: F-step F_{k-1}[b][p][j] = (r, col); R-step dF_k[b][i = r][p] with (b, p) = col;
-        // dW partial z, (r, col)
-        long at;
-        if constexpr (MODE == kRStep) {
-          long b;
-          int p;
-          split_bp(G.sb0, G.sp0, cl, P, b, p);
-          at = b * a.n + r * P + p;
-        } else if constexpr (MODE == kDW) {
-          at = long(z) * a.f * a.f + r * a.f + G.n0 + cl;
-        } else {
-          at = r * a.f + G.n0 + cl;
-        }
-        const Out* src = Cs + rl * LDC + cl;
-        if (a.vec_c) {  // a run stays in one row (and sample) and is 16-byte aligned
-          *reinterpret_cast<uint4*>(c + at) = *reinterpret_cast<const uint4*>(src);
-        } else {
-          for (int e = 0; e < OVW && cl + e < G.ncnt; ++e) {
-            long ae = at + e;
-            if constexpr (MODE == kRStep) {  // the next column may be the next sample's
-              long b;
-              int p;
-              split_bp(G.sb0, G.sp0, cl + e, P, b, p);
-              ae = b * a.n + r * P + p;
-            }
-            c[ae] = src[e];
-          }
-        }
-      }
-      __syncthreads();  // Cs is free again
-    }
-  };
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
   tc::pipeline_ns(
-      int(ntiles * nk), NS,
-      [&](int s, int cc) {  // chunk cc of the stream: chunk cc % nk of this block's tile cc / nk
-        const int tt = int(cc / nk);
-        const long ck = cc - long(tt) * nk;
-        if (tt != ti) gi = geo_of<MODE, TL>(tile0 + tt * tstride, a), ti = tt;
+      int(c_hi - c_lo), NS,
+      [&](int s, int c) {
         Elem* st = smem + s * STAGE;
-        const long k0 = (c_lo + ck) * KC;
+        const long k0 = (c_lo + c) * KC;
         const int kcnt = int(min(long(KC), a.depth - k0));
         if constexpr (MODE == kDW) {  // advance (kb, kp) to k0 (the first chunk's was set above)
-          if (cc > 0)
+          if (c > 0)
             for (kp += KC; kp >= P; kp -= P) ++kb;
         }
         // A(row m0 + mm, k0 + kk) and B(k0 + kk, column n0 + mm) (the table above)
@@ -301,23 +195,23 @@ __global__ void __launch_bounds__(TL::THREADS, TL::MINB) step_kernel(const __gri
           long b;
           int p;
           if constexpr (MODE == kFStep) {
-            split_bp(gi.sb0, gi.sp0, mm, P, b, p);
+            split_bp(sb0, sp0, mm, P, b, p);
             return b * a.n + (k0 + kk) * P + p;
           } else if constexpr (MODE == kRStep) {
-            return (gi.m0 + mm) * a.f + k0 + kk;
+            return (m0 + mm) * a.f + k0 + kk;
           } else {
             split_bp(kb, kp, kk, P, b, p);
-            return b * a.n + (gi.m0 + mm) * P + p;
+            return b * a.n + (m0 + mm) * P + p;
           }
         };
         auto at_b = [&](int mm, int kk) -> long {
-          if constexpr (MODE == kRStep) return (gi.n0 + mm) * a.f + k0 + kk;
-          else return (k0 + kk) * a.f + gi.n0 + mm;
+          if constexpr (MODE == kRStep) return (n0 + mm) * a.f + k0 + kk;
+          else return (k0 + kk) * a.f + n0 + mm;
         };
-        stage<BM, TL::THREADS, AK>(st, a.a, at_a, gi.mcnt, kcnt, a.vec_a);
-        stage<BN, TL::THREADS, BK>(st + A_ELEMS, a.b, at_b, gi.ncnt, kcnt, a.vec_b);
+        stage<BM, TL::THREADS, AK>(st, a.a, at_a, mcnt, kcnt, a.vec_a);
+        stage<BN, TL::THREADS, BK>(st + A_ELEMS, a.b, at_b, ncnt, kcnt, a.vec_b);
       },
-      [&](int s, int cc) {
+      [&](int s, int) {
         const Elem* sa = smem + s * STAGE;
         const Elem* sb = sa + A_ELEMS;
 #pragma unroll
@@ -339,16 +233,60 @@ __global__ void __launch_bounds__(TL::THREADS, TL::MINB) step_kernel(const __gri
             for (int j = 0; j < NI; ++j)
               M::mma(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
         }
-        if constexpr (persistent<MODE>()) {
-          if ((cc + 1) % nk == 0) {  // the tile's last chunk: write it out while the next tile's chunks load
-            const int tt = int(cc / nk);
-            if (tt != tc_) gc = geo_of<MODE, TL>(tile0 + tt * tstride, a), tc_ = tt;
-            epilogue(gc);
-            zero_acc();
-          }
-        }
       });
-  if constexpr (!persistent<MODE>()) epilogue(gc);  // after the pipeline's last barrier: the stages are free
+
+  // The output tile leaves through shared memory (the stages are free: pipeline_ns ends on a barrier): the fragments
+  // (c0, c1 = (g, 2t..2t+1), c2, c3 = (g + 8, 2t..2t+1) of each 16 × 8 tile) go to Cs[row][column], then every
+  // output is written along its columns in 16-byte runs. (Storing the fragments straight to global memory, 2- or
+  // 4-byte stores each touching 8 rows, left the F- and R-steps at ~20% of the DRAM bandwidth.)
+  using Out = OutOf<MODE>;
+  constexpr int OVW = 16 / int(sizeof(Out)), LDC = BN + OVW;
+  Out* Cs = reinterpret_cast<Out*>(smem_raw);
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < NI; ++j) {
+        Out* d = Cs + (wm * MI * 16 + i * 16 + h * 8 + g) * LDC + wn * NI * 8 + j * 8 + 2 * t;
+        tc::store_pair(d, acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+      }
+  __syncthreads();
+  Out* c = static_cast<Out*>(a.c);
+  for (int q = threadIdx.x; q < BM * BN / OVW; q += TL::THREADS) {
+    const int rl = q / (BN / OVW), cl = (q % (BN / OVW)) * OVW;
+    if (rl >= mcnt || cl >= ncnt) continue;
+    const long r = m0 + rl;
+    // the run's first element: F-step F_{k-1}[b][p][j] = (r, col); R-step dF_k[b][i = r][p] with (b, p) = col;
+    // dW partial z, (r, col)
+    long at;
+    if constexpr (MODE == kRStep) {
+      long b;
+      int p;
+      split_bp(sb0, sp0, cl, P, b, p);
+      at = b * a.n + r * P + p;
+    } else if constexpr (MODE == kDW) {
+      at = long(z) * a.f * a.f + r * a.f + n0 + cl;
+    } else {
+      at = r * a.f + n0 + cl;
+    }
+    const Out* src = Cs + rl * LDC + cl;
+    if (a.vec_c) {  // a run stays in one row (and sample) and is 16-byte aligned
+      *reinterpret_cast<uint4*>(c + at) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < OVW && cl + e < ncnt; ++e) {
+        long ae = at + e;
+        if constexpr (MODE == kRStep) {  // the next column may be the next sample's
+          long b;
+          int p;
+          split_bp(sb0, sp0, cl + e, P, b, p);
+          ae = b * a.n + r * P + p;
+        }
+        c[ae] = src[e];
+      }
+    }
+  }
 }
 
 struct ReduceArgs {
@@ -427,12 +365,7 @@ template <int MODE, class TL> cudaError_t launch_step(const StepArgs& a, cudaStr
     if (e != cudaSuccess) return e;
     if (dev >= 0 && dev < 64) opted[dev] = true;
   }
-  static int per_sm[64] = {};  // resident blocks an SM, once per instantiation and device
-  if (dev >= 0 && dev < 64 && !per_sm[dev])
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[dev], step_kernel<MODE, TL>, TL::THREADS, smem);
-  const int resident = std::max(1, dev >= 0 && dev < 64 ? per_sm[dev] : 1) * device_facts().sms;
-  const long grid = persistent<MODE>() ? std::min(long(a.tiles), long(resident)) : long(a.tiles) * a.splits;
-  step_kernel<MODE, TL><<<unsigned(grid), TL::THREADS, smem, s>>>(a);
+  step_kernel<MODE, TL><<<unsigned(long(a.tiles) * a.splits), TL::THREADS, smem, s>>>(a);
   return cudaGetLastError();
 }
 template <int MODE> cudaError_t launch(StepArgs a, const StepPlan& p, cudaStream_t s) {
