@@ -33,8 +33,14 @@
 //     cuBLAS-factorwise 331 / 557 in the same run). ncu (bf16): F-step 41 us at 36% of DRAM peak, each dW 38-40 us at
 //     52-55%, each R-step 43 us at 34%, the reduce 24 us at 46%; issue slots ~50% busy. The 64 × 64 tile measured
 //     315 / 463 us at this batch.
-// The reduce then gave each output column 8 warps over the splits (below). What is left: every step is its own pass
-// over (B, N) tensors; fusing the R-step's dF into the next dW (as v5 fuses the forward) is the next design.
+// The reduce then gave each output column 8 warps over the splits (below): 24 -> 22 us.
+// Tried and taken out (9878fa8, reverted): the F- and R-steps persistent, a block walking its tiles as one stream of
+// chunks so that the next tile loads while this one's output is written (its own shared-memory output tile, 3 stages,
+// two blocks an SM): 218 / 410 us, no better for bf16 and worse for TF32; ncu kept the F-step at 32% of DRAM peak with
+// the issue slots ~51% busy: ~1.9 K instructions a warp per 128 × 128 tile against 128 mma, most of them the staging's
+// address arithmetic (a cp.async per 16 bytes) and the output's runs. What is left: every step is its own pass over
+// (B, N) tensors; tiles copied by TMA (one instruction a tile, where a tile stays within a sample) and the R-step's dF
+// fused into the next dW (as v5 fuses the forward) are the next designs.
 // lab:variants dtype=f32,bf16
 #include "kron.cuh"
 #include "mma_sync.cuh"
