@@ -26,7 +26,7 @@
 //       last; only x is read and y written. Limit: (N/f_K)·c·sizeof(T) per state buffer (two buffers for K ≥ 3, one
 //       for K = 2) plus ~34 KB of staging must fit the 227 KB a block may have: N/f_K ≲ 48k floats (K = 2), ≲ 24k
 //       (K ≥ 3) at c = 4. Above it, and for K = 1, v2 runs v1. Backward: v1's kernels on the states v2 saved.
-//   v3: v2's fusion on tensor cores, forward only: mma.sync TF32 on float32 tensors, bf16 (ldmatrix.trans fragments)
+//   v3: v2's fusion on tensor cores: mma.sync TF32 on float32 tensors, bf16 (ldmatrix.trans fragments)
 //       on bfloat16 ones; the state stored directly in the next step's padded operand layout (v3.cu).
 //   v4: two factors (multiples of 64) on wgmma: K-major 128-byte-swizzled tiles staged transposed by the threads,
 //       one persistent block per SM with the factors resident and the next sample prefetched into registers (v4.cu);
@@ -35,6 +35,8 @@
 //       warpgroups multiply (split or ping-pong), the state and y leave through shared memory, y by TMA store. bf16:
 //       x and the factors MN-major as TMA copies them; TF32: x through registers, W_2 staged once, W_1 held in
 //       registers (schedule 2) or staged once. v3 elsewhere.
+//   backward of v3-v5 (backward_tc.cu): at their precision, the states recomputed (their forwards save none), then
+//       per factor a split-K dW and an R-step, one mma.sync GEMM kernel for the three step kinds, one reduce launch.
 //
 // Napkin math (H100, fp32, factors 128×128, N = 16384): FLOP = 2·B·N·Σf_k = 8.4 MFLOP per sample; bytes = 2·N·4 =
 // 128 KB per sample (read x, write y): 64 FLOP/byte, compute-bound. B = 32: 268 MFLOP — 4.0 us at the datasheet's
@@ -62,6 +64,8 @@
 //   v1.cu        the F-step kernel and the per-factor forward (version 1; version 2 where the fused kernel does not
 //                fit, or K = 1)
 //   backward.cu  the R-step, dW and reduce kernels and the backward driver (versions 1 and 2)
+//   backward_tc.cu  the backward of versions 3-5 (TF32 / bf16), built per dtype
+//   mma_sync.cuh the mma.sync fragments and the cp.async pipeline that v3.cu and backward_tc.cu share
 //   v2.cu        the fused kernel, built once per dtype and block configuration (`// lab:variants dtype=f32,f64
 //                cfg=0,1,2`): one instantiation of it alone takes 3-4 s of nvcc on the H100 machine
 //   v2_plan.cu   v2's planner (plan_fused: configuration and slice width c) and its launch; it reaches the three
