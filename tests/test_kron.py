@@ -507,6 +507,22 @@ def test_tc_versions_train_through_autograd(version, dtype):
         verify.assert_close(w.grad, r.grad, dtype, precision=_tc_precision(dtype), what=f"{version} dW{k + 1}")
 
 
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tc_empty_batch_and_non_contiguous_input_train(dtype):
+    # batch 0: y and dx empty, every dW exactly zero (an empty sum), no launch with an empty grid
+    x, *ws = _inputs(0, "64x128", dtype, "cuda")
+    dx, dws = K.backward(torch.empty_like(x), x, ws, [], version="v5")
+    assert dx.shape == (0, 64 * 128) and all(torch.equal(dw, torch.zeros_like(dw)) for dw in dws)
+    # a strided x through autograd: KronFunction makes it contiguous for the kernels, the gradient keeps x's shape
+    base, *ws = _inputs(4, "12x20", dtype, "cuda", seed=29)
+    xt = torch.cat([base, base], 1)[:, ::2].requires_grad_()  # (4, 240), stride 2
+    K.kron(xt, ws, "v5").sum().backward()
+    xr = xt.detach().double().requires_grad_()
+    K.kron_ref(xr, *[w.double() for w in ws]).sum().backward()
+    verify.assert_close(xt.grad, xr.grad, dtype, precision=_tc_precision(dtype), what="dx of a strided x")
+
+
 def test_tc_backward_refuses_states_and_the_cpu():
     # the C++ boundary: v3-v5 save no states (their backward recomputes them), and they are CUDA kernels
     x, *ws = _inputs(2, "4x8", torch.float32, "cpu")
