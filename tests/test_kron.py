@@ -598,6 +598,14 @@ def test_command_line_check_agrees(capsys):
     assert "torch_y == cpu_y: True" in out and "False" not in out
 
 
+def test_command_line_profile_says_what_cannot_run():
+    from lab import kron as cli
+    with pytest.raises(SystemExit, match=r"--implementation v9 does not run here; choose from torch, torch.bmm"):
+        cli.main(["--device", "cpu", "2", "4", "6", "profile", "--implementation", "v9"])
+    with pytest.raises(SystemExit, match=r"--implementation cpu does not take bfloat16"):  # bf16: v3-v5 and torch
+        cli.main(["--dtype", "bf16", "--device", "cpu", "2", "4", "6", "profile"])
+
+
 def test_command_line_parses_factor_lists():
     from lab import kron as cli
     with pytest.raises(SystemExit):

@@ -9,8 +9,8 @@
 // cores (cuda_src/kron/v3.cu: TF32 on Float tensors, bf16 on BFloat16 ones); 4 = two factors on wgmma
 // (cuda_src/kron/v4.cu; v3 where it does not apply); 5 = v4's steps fed by TMA (cuda_src/kron/v5.cu; v3 where it
 // does not apply). The backward of 1 and 2 is cuda_src/kron/backward.cu (on the states their forward saved); that of
-// 3-5 is cuda_src/kron/backward_tc.cu (at their precision, the states recomputed). The CPU code computes the same steps as the CUDA code (see the header of
-// cuda_src/kron/kron.cuh for the algebra):
+// 3-5 is cuda_src/kron/backward_tc.cu (at their precision, the states recomputed). The CPU code computes the same
+// steps as the CUDA code (see the header of cuda_src/kron/kron.cuh for the algebra):
 //   forward   F-step  y[b] (P, f) = x[b]ᵀ (f, P)ᵀ · W          — for W_K, …, W_1 in turn
 //   backward  dW_k = Σ_b F_k[b] · dF_{k-1}[b];  dF_k[b] = W_k · dF_{k-1}[b]ᵀ;  dx = dF_K
 #include "lab_common.h"

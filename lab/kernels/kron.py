@@ -566,7 +566,7 @@ IDEAS = {
 }
 
 F32_F64, F32_BF16, F32 = (torch.float32, torch.float64), (torch.float32, torch.bfloat16), (torch.float32,)
-DT = (torch.float32, torch.float64, torch.bfloat16)  # bfloat16: v3 and the torch baselines only
+DT = (torch.float32, torch.float64, torch.bfloat16)  # bfloat16: v3-v5 and the torch baselines only
 DT_TRAIN = DT  # bfloat16: v3-v5 and the torch baselines
 # 1-wide and prime factors, K = 1..4, a batch that splits into many blocks, 128x128, and one shape over v2's
 # shared-memory limit (it falls back to v1)

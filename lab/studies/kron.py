@@ -116,11 +116,11 @@ def cmd_check(args, sizes, dtype, device) -> int:
 def cmd_profile(args, sizes, dtype, device) -> int:
     default = "cpu" if device.type != "cuda" else "v5" if dtype == torch.bfloat16 else "v2"
     v = args.implementation or default
-    if not _takes(v, dtype):
-        sys.exit(f"--implementation {v} does not take {verify.dtype_name(dtype)}")
     if v not in implementations(device, math.prod(sizes)) or (v == "cpu" and device.type == "cuda"):
         sys.exit(f"--implementation {v} does not run here; choose from "
                  f"{', '.join(implementations(device, math.prod(sizes), for_timing=True))}")
+    if not _takes(v, dtype):
+        sys.exit(f"--implementation {v} does not take {verify.dtype_name(dtype)}")
     x, gy, a, b = _layers(args.batch_size, sizes, dtype, device)
     name = f"kron_{v}_{args.batch_size}x{K.factors_label(sizes)}_{verify.dtype_name(dtype)}_{device.type}"
     table, trace = profile.profile(lambda: two_layers(v, x, gy, a, b), name, device.type)
