@@ -38,9 +38,16 @@
 // chunks so that the next tile loads while this one's output is written (its own shared-memory output tile, 3 stages,
 // two blocks an SM): 218 / 410 us, no better for bf16 and worse for TF32; ncu kept the F-step at 32% of DRAM peak with
 // the issue slots ~51% busy: ~1.9 K instructions a warp per 128 × 128 tile against 128 mma, most of them the staging's
-// address arithmetic (a cp.async per 16 bytes) and the output's runs. What is left: every step is its own pass over
-// (B, N) tensors; tiles copied by TMA (one instruction a tile, where a tile stays within a sample) and the R-step's dF
-// fused into the next dW (as v5 fuses the forward) are the next designs.
+// address arithmetic (a cp.async per 16 bytes) and the output's runs.
+//  5. Affine staging (stage_affine): where a chunk is base + mm·ms + kk·ks — every operand but a tile or chunk that may
+//     cross a sample — a run costs two 32-bit multiply-adds and its cp.async instead of a (b, p) split and 64-bit
+//     products: 215 / 358 us (218-220 / 386 before, same run as the timings here); forward + backward batch 1024
+//     242 / 426 against cuBLAS-factorwise 332 / 558, batch 32 34.0 / 56.5 against 39.7 / 49.3, batch 4096 739 / 1374
+//     against 1154 / 2018. (Dev timing on the H100, graph, L2 flushed; results/ and notebook 05 hold the rows of
+//     design 3 with the reduce above, measured at 7688426.)
+// What is left: every step is its own pass over (B, N) tensors; tiles copied by TMA (one instruction a tile, where a
+// tile stays within a sample) and the R-step's dF fused into the next dW (as v5 fuses the forward) are the next
+// designs.
 // lab:variants dtype=f32,bf16
 #include "kron.cuh"
 #include "mma_sync.cuh"
@@ -101,6 +108,7 @@ struct StepArgs {
   int tiles_n, tiles, splits;
   bool vec_a, vec_b;  // 16-byte runs: the run's dimension a multiple of VW, the pointer 16-byte aligned
   bool vec_c;         // the same for the output's runs along its columns
+  bool aff_a, aff_b;  // the operand's chunk is affine, base + mm·ms + kk·ks with 32-bit offsets (stage_affine)
 };
 
 // (b, p) of index base + off of a flattened (b, p) axis, given (b0, p0) of base: the rows of an F-step tile, the
@@ -139,6 +147,25 @@ __device__ __forceinline__ void stage(Elem* s, const Elem* base, At&& at, int mn
         dst[j] = (em < mn_cnt && ek < k_cnt) ? base[at(em, ek)] : elem_zero();
       }
     }
+  }
+}
+// The same where the chunk is affine in (mm, kk) — element (mm, kk) at base + mm·ms + kk·ks, runs 16-byte aligned —
+// as every operand is except where a tile or chunk may cross a sample: each run then costs two 32-bit multiply-adds
+// and the cp.async. (The general path's (b, p) split and 64-bit products per run made the staging most of the F- and
+// R-steps' instructions.)
+template <int R, int THREADS, bool ALONG_K>
+__device__ __forceinline__ void stage_affine(Elem* s, const Elem* base, int ms, int ks, int mn_cnt, int k_cnt) {
+  constexpr int RUNS = R * KC / VW;
+  constexpr int LD = ALONG_K ? KC + VW : R + kPad;
+  static_assert(RUNS % THREADS == 0, "every thread stages the same number of runs");
+#pragma unroll
+  for (int i = 0; i < RUNS / THREADS; ++i) {
+    const int q = int(threadIdx.x) + i * THREADS;
+    int mm, kk;
+    if constexpr (ALONG_K) mm = q / (KC / VW), kk = (q % (KC / VW)) * VW;
+    else kk = q / (R / VW), mm = (q % (R / VW)) * VW;
+    const bool ok = mm < mn_cnt && kk < k_cnt;
+    cp_async16(ALONG_K ? s + mm * LD + kk : s + kk * LD + mm, ok ? base + (mm * ms + kk * ks) : base, ok);
   }
 }
 template <int R, bool ALONG_K> __host__ __device__ constexpr int tile_elems() {
@@ -214,8 +241,24 @@ __global__ void __launch_bounds__(TL::THREADS) step_kernel(const __grid_constant
           if constexpr (MODE == kRStep) return (n0 + mm) * a.f + k0 + kk;
           else return (k0 + kk) * a.f + n0 + mm;
         };
-        stage<BM, TL::THREADS, AK>(st, a.a, at_a, mcnt, kcnt, a.vec_a);
-        stage<BN, TL::THREADS, BK>(st + A_ELEMS, a.b, at_b, ncnt, kcnt, a.vec_b);
+        if (a.aff_a) {  // the first element and the strides of A's chunk (the table above)
+          const Elem* base;
+          int ms, ks;
+          if constexpr (MODE == kFStep) base = a.a + sb0 * a.n + k0 * P + sp0, ms = 1, ks = P;
+          else if constexpr (MODE == kRStep) base = a.a + m0 * a.f + k0, ms = a.f, ks = 1;
+          else base = a.a + kb * a.n + m0 * P + kp, ms = P, ks = 1;
+          stage_affine<BM, TL::THREADS, AK>(st, base, ms, ks, mcnt, kcnt);
+        } else {
+          stage<BM, TL::THREADS, AK>(st, a.a, at_a, mcnt, kcnt, a.vec_a);
+        }
+        if (a.aff_b) {
+          if constexpr (MODE == kRStep)
+            stage_affine<BN, TL::THREADS, BK>(st + A_ELEMS, a.b + n0 * a.f + k0, a.f, 1, ncnt, kcnt);
+          else
+            stage_affine<BN, TL::THREADS, BK>(st + A_ELEMS, a.b + k0 * a.f + n0, 1, a.f, ncnt, kcnt);
+        } else {
+          stage<BN, TL::THREADS, BK>(st + A_ELEMS, a.b, at_b, ncnt, kcnt, a.vec_b);
+        }
       },
       [&](int s, int) {
         const Elem* sa = smem + s * STAGE;
@@ -382,6 +425,8 @@ template <int MODE> cudaError_t launch(StepArgs a, const StepPlan& p, cudaStream
 }
 
 inline bool al16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// stage_affine's offsets, mm·ms + kk·ks with mm < 128, kk < KC and strides up to max(P, f), fit 32 bits
+inline bool small32(long P, long f) { return std::max(P, f) * (kTile + 32) < (1L << 31); }
 inline long pad256(long bytes) { return (bytes + 255) / 256 * 256; }
 
 // Workspace bytes: the recomputed states F_1 … F_{K-1}, the dF ping-pong (at most 2), the dW partials.
@@ -414,7 +459,10 @@ cudaError_t backward(const Elem* g, const Elem* x, const Elem* const* w, const i
       const int fk = f[k - 1];
       StepArgs a = args(F[k], w[k - 1], F[k - 1], fk, (N / fk) % VW == 0 && al16(F[k]), fk % VW == 0 && al16(w[k - 1]));
       a.rows = B * (N / fk), a.cols = fk, a.depth = fk, a.vec_c = fk % VW == 0 && al16(F[k - 1]);
-      cudaError_t e = launch<kFStep>(a, plan_step(a.rows, fk, sms), s);
+      const StepPlan pl = plan_step(a.rows, fk, sms);
+      a.aff_a = a.vec_a && (N / fk) % (pl.big ? Big::BM : Small::BM) == 0 && small32(N / fk, fk);  // a tile in a sample
+      a.aff_b = a.vec_b && small32(N / fk, fk);
+      cudaError_t e = launch<kFStep>(a, pl, s);
       if (e != cudaSuccess) return e;
     }
   }
@@ -433,11 +481,15 @@ cudaError_t backward(const Elem* g, const Elem* x, const Elem* const* w, const i
     if (B > 0) {
       StepArgs a = args(F[k], D, p, fk, P % VW == 0 && al16(F[k]), fk % VW == 0 && al16(D));
       a.rows = fk, a.cols = fk, a.depth = B * P, a.vec_c = fk % 4 == 0;  // partials: float runs, 256-byte aligned
+      a.aff_a = a.vec_a && P % KC == 0 && small32(P, fk);  // a chunk in a sample
+      a.aff_b = a.vec_b && small32(P, fk);
       cudaError_t e = launch<kDW>(a, pd, s);
       if (e != cudaSuccess) return e;
       Elem* out = k == K ? dx : dF[(k - 1) & 1];
       StepArgs r = args(w[k - 1], D, out, fk, fk % VW == 0 && al16(w[k - 1]), fk % VW == 0 && al16(D));
       r.rows = fk, r.cols = B * P, r.depth = fk, r.vec_c = P % VW == 0 && al16(out);
+      r.aff_a = r.vec_a && small32(P, fk);
+      r.aff_b = r.vec_b && small32(P, fk);
       e = launch<kRStep>(r, plan_step(r.rows, r.cols, sms), s);
       if (e != cudaSuccess) return e;
       D = out;
