@@ -113,7 +113,7 @@ struct StepArgs {
 
 // (b, p) of index base + off of a flattened (b, p) axis, given (b0, p0) of base: the rows of an F-step tile, the
 // columns of an R-step tile and the contraction of a dW chunk are such an axis. Nothing divides in the common case
-// (P at least the tile: one wrap at most); a 64-bit division per element (the first build) made the steps issue-bound.
+// (P at least the tile: one wrap at most; the first builds divided in 64 bits for every element).
 __device__ __forceinline__ void split_bp(long b0, int p0, int off, int P, long& b, int& p) {
   const int t = p0 + off;
   if (t < P) {

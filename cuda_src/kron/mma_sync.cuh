@@ -42,7 +42,7 @@ template <> struct Mma<float> {  // m16n8k8 TF32
     b[3] = tf32(p[4 * ld + 8]);
   }
   // The same fragments from operands stored with k contiguous ("rows": A(m, k) at s[m·ld + k], B(k, n) at s[n·ld + k]),
-  // rounded; ld ≡ 4 (mod 32) words keeps the 32 lanes on distinct banks
+  // rounded; ld an odd multiple of 4 words (backward_tc.cu: 20) keeps the 32 lanes on distinct banks
   __device__ __forceinline__ static void load_a_rows(uint32_t (&a)[4], const float* s, int ld, int m0, int k0,
                                                      int lane) {
     const float* p = s + (m0 + (lane >> 2)) * ld + k0 + (lane & 3);
@@ -100,8 +100,8 @@ template <> struct Mma<__nv_bfloat16> {  // m16n8k16 bf16
   }
   // The same fragments from operands stored with k contiguous (A(m, k) at s[m·ld + k], B(k, n) at s[n·ld + k]), by
   // ldmatrix without .trans: A (m 0-7, k 0-7) -> a0, (m 8-15, k 0-7) -> a1, (m 0-7, k 8-15) -> a2, (m 8-15, k 8-15)
-  // -> a3; B (n 0-7, k 0-7) -> b0, (n 0-7, k 8-15) -> b1, the same at n0 + 8 -> b2, b3. ld·2 ≡ 16 (mod 128) bytes
-  // puts an ldmatrix's 8 row addresses on distinct banks
+  // -> a3; B (n 0-7, k 0-7) -> b0, (n 0-7, k 8-15) -> b1, the same at n0 + 8 -> b2, b3. A row of ld·2 bytes, an odd
+  // multiple of 16 (backward_tc.cu: 80), puts an ldmatrix's 8 row addresses on distinct banks
   __device__ __forceinline__ static void load_a_rows(uint32_t (&a)[4], const __nv_bfloat16* s, int ld, int m0,
                                                      int k0, int lane) {
     const int j = lane >> 3, r = lane & 7;
