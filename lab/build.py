@@ -235,8 +235,11 @@ class Target:
 
     @property
     def build_dir(self) -> Path:
-        # One directory per target and configuration: a rebuild after an edit reuses it (ninja sees what changed).
-        cfg = hashlib.sha256(json.dumps(self._config()).encode()).hexdigest()[:8]
+        # One directory per target, configuration and checkout: a rebuild after an edit reuses it (ninja sees what
+        # changed). The checkout is part of it because torch's build.ninja there names its include directories (and
+        # the PCH reads its flags back from it): two clones of the same sources sharing one cache once left a
+        # build.ninja naming a deleted clone, and the other clone's PCH failed on <ATen/ATen.h>.
+        cfg = hashlib.sha256(json.dumps(self._config() + [str(env.SRC_ROOT)]).encode()).hexdigest()[:8]
         return env.cache_dir() / f"{self.module_name}-{cfg}"
 
     @property

@@ -50,6 +50,18 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
+def test_two_checkouts_do_not_share_a_build_directory(toy, monkeypatch, tmp_path_factory):
+    # the same sources in another folder (a second clone) build in their own directories of a shared cache: torch's
+    # build.ninja names the checkout's include paths, and the precompiled header reads its flags back from it
+    t = build.spec("toy", "cpu").binding
+    here = t.build_dir
+    other = tmp_path_factory.mktemp("clone")
+    monkeypatch.setattr(env, "SRC_ROOT", other)
+    assert t.build_dir != here and t.build_dir.parent == here.parent
+    monkeypatch.setattr(env, "SRC_ROOT", toy)
+    assert t.build_dir == here
+
+
 def test_build_cache_and_hot_reload(toy):
     m = build.load("toy", "cpu", verbose=False, max_age=0)
     assert m.value() == 41
