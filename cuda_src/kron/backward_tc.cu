@@ -41,7 +41,7 @@
 // address arithmetic (a cp.async per 16 bytes) and the output's runs.
 //  5. Affine staging (stage_affine): where a chunk is base + mm·ms + kk·ks — every operand but a tile or chunk that may
 //     cross a sample — a run costs two 32-bit multiply-adds and its cp.async instead of a (b, p) split and 64-bit
-//     products: 215 / 358 us (218-220 / 386 before, same run as the timings here); forward + backward batch 1024
+//     products: 215 / 358 us (218-220 / 386 in the earlier runs above); forward + backward batch 1024
 //     242 / 426 against cuBLAS-factorwise 332 / 558, batch 32 34.0 / 56.5 against 39.7 / 49.3, batch 4096 739 / 1374
 //     against 1154 / 2018. (Dev timing on the H100, graph, L2 flushed; results/ and notebook 05 hold the rows of
 //     design 3 with the reduce above, measured at 7688426.)
