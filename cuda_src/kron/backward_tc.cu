@@ -34,11 +34,11 @@
 //     52-55%, each R-step 43 us at 34%, the reduce 24 us at 46%; issue slots ~50% busy. The 64 × 64 tile measured
 //     315 / 463 us at this batch.
 // The reduce then gave each output column 8 warps over the splits (below): 24 -> 22 us.
-// Tried and taken out (9878fa8, reverted): the F- and R-steps persistent, a block walking its tiles as one stream of
-// chunks so that the next tile loads while this one's output is written (its own shared-memory output tile, 3 stages,
-// two blocks an SM): 218 / 410 us, no better for bf16 and worse for TF32; ncu kept the F-step at 32% of DRAM peak with
-// the issue slots ~51% busy: ~1.9 K instructions a warp per 128 × 128 tile against 128 mma, most of them the staging's
-// address arithmetic (a cp.async per 16 bytes) and the output's runs.
+//  4. Tried and taken out (9878fa8, reverted): the F- and R-steps persistent, a block walking its tiles as one stream
+//     of chunks so that the next tile loads while this one's output is written (its own shared-memory output tile, 3
+//     stages, two blocks an SM): 218 / 410 us, no better for bf16 and worse for TF32; ncu kept the F-step at 32% of
+//     DRAM peak with the issue slots ~51% busy: ~1.9 K instructions a warp per 128 × 128 tile against 128 mma, most
+//     of them the staging's address arithmetic (a cp.async per 16 bytes) and the output's runs.
 //  5. Affine staging (stage_affine): where a chunk is base + mm·ms + kk·ks — every operand but a tile or chunk that may
 //     cross a sample — a run costs two 32-bit multiply-adds and its cp.async instead of a (b, p) split and 64-bit
 //     products: 215 / 358 us (218-220 / 386 in the earlier runs above); forward + backward batch 1024
