@@ -111,6 +111,17 @@ def compare(out: torch.Tensor, ref: torch.Tensor, k_worst: int = 5, scale: torch
     return Comparison(rel, max_abs, nonfinite, worst, o.numel(), elem)
 
 
+def root_sum_square(reference):
+    """An Op.scale for outputs that are sums of products with one factor from each input they depend on (a GEMM, a
+    Kronecker layer and their gradients): the reference on squared inputs is each element's Σ term², and its square
+    root the size the terms' rounding grows with. An element whose terms cancel (a 1×1 factor's dW is one sum over
+    B·N products) is then held to that, not to its small value."""
+    def scale(*inputs):
+        out = reference(*[t * t for t in inputs])
+        return tuple(o.sqrt() for o in out) if isinstance(out, tuple) else out.sqrt()
+    return scale
+
+
 def _flat(x) -> list:
     if isinstance(x, torch.Tensor):
         return [x]

@@ -426,7 +426,7 @@ def _tc_precision(dtype):
 def _tc_train_check(x, gy, ws, version, dtype, seeds_label, dx_out=None, dws_out=None):
     """Forward through autograd and the compiled backward into NaN-poisoned outputs, each against float64."""
     inputs = [x.double(), gy.double(), *[w.double() for w in ws]]
-    ref, scale = K.train_ref(*inputs), K.root_sum_square(K.train_ref)(*inputs)
+    ref, scale = K.train_ref(*inputs), verify.root_sum_square(K.train_ref)(*inputs)
     y = K.forward(x, ws, version=version)
     dx = torch.full_like(x, math.nan) if dx_out is None else dx_out
     dws = [torch.full_like(w, math.nan) for w in ws] if dws_out is None else dws_out

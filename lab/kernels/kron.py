@@ -45,7 +45,7 @@ from typing import Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
-from .. import build, env
+from .. import build, env, verify
 from ..registry import Family, Op, Version, register, version_number
 from ..timing import time_cuda
 from ._common import elem_size, matmul_tf32, randn, strict_fp32
@@ -323,7 +323,7 @@ def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor 
     """y = x · (W_K ⊗ … ⊗ W_1) into `out` with the compiled code, no autograd. x: (batch, N).
 
     states: None, or K-1 tensors (batch, N) that receive the intermediate states F_1 … F_{K-1} (for `backward`;
-    not v3). cfg, cols: force the CUDA block configuration (v1/v2: 0..2, v3: 0..1, v5: 0 split, 1 ping-pong, 2 split
+    not v3-v5). cfg, cols: force the CUDA block configuration (v1/v2: 0..2, v3: 0..1, v5: 0 split, 1 ping-pong, 2 split
     with W_1 in registers, TF32 only) and the fused kernels' slice width (kron.tune); -1 / 0 = automatic.
     """
     check_inputs(x, factors)
@@ -500,17 +500,6 @@ def train_precision(version: str):
     return matmul_tf32(True) if version == "torch.bmm.tf32" else strict_fp32()
 
 
-def root_sum_square(reference):
-    """The scale verify holds each output element's error to (Op.scale): every output of kron_ref and train_ref is a
-    sum of products with one factor from each input it depends on, so the reference on squared inputs is each
-    element's Σ term², and its square root the size the terms' rounding grows with. An element whose terms cancel
-    (a 1×1 factor's dW is one sum over B·N products) is then held to that, not to its small value."""
-    def scale(*inputs):
-        out = reference(*[t * t for t in inputs])
-        return tuple(o.sqrt() for o in out) if isinstance(out, tuple) else out.sqrt()
-    return scale
-
-
 def _train(version: str):
     """Forward + backward through kron(): what a training step of this layer costs."""
     def run(x, g, *factors):
@@ -617,19 +606,19 @@ def _versions(train: bool, full: bool = True) -> list[Version]:
 OPS = [
     Op(FAMILY, "forward", make_forward_inputs, kron_ref, _versions(False), CHECK, BENCH, BENCH_CPU, DT,
        nbytes=_bytes, flops=_flops, formula=FORMULA, size_key="batch", baseline="torch.bmm", compute_ceiling="fma",
-       scale=root_sum_square(kron_ref), doc="y = x · (W_K ⊗ … ⊗ W_1); batch sweep at factors 128×128"),
+       scale=verify.root_sum_square(kron_ref), doc="y = x · (W_K ⊗ … ⊗ W_1); batch sweep at factors 128×128"),
     Op(FAMILY, "forward_backward", make_train_inputs, train_ref, _versions(True), CHECK, BENCH, BENCH_CPU, DT_TRAIN,
        nbytes=lambda s, dt: (4.0 * s["batch"] * math.prod(_sizes(s)) + 2 * sum(f * f for f in _sizes(s)))
        * elem_size(dt),
        flops=lambda s, dt: 3 * _flops(s, dt), formula=FORMULA_TRAIN, size_key="batch", baseline="torch.bmm",
-       compute_ceiling="fma", scale=root_sum_square(train_ref),
+       compute_ceiling="fma", scale=verify.root_sum_square(train_ref),
        doc="forward + backward (y, dx, every dW) through autograd"),
     Op(FAMILY, "factorizations", make_forward_inputs, kron_ref, _versions(False, full=False),
        [{"batch": 2, "factors": "4x6x8"}, {"batch": 3, "factors": "16x16x16x16"}],
        [{"batch": 256, "factors": f} for f in FACTORIZATIONS],
        [{"batch": 16, "factors": f} for f in ("32x32", "8x16x32", "64x64", "16x16x16")], DT,
        nbytes=_bytes, flops=_flops, formula=FORMULA, size_key=None, baseline="torch.bmm", compute_ceiling="fma",
-       scale=root_sum_square(kron_ref), doc="forward across factorisations at batch 256"),
+       scale=verify.root_sum_square(kron_ref), doc="forward across factorisations at batch 256"),
 ]
 
 register(Family(FAMILY, "Kronecker-factored linear layer y = x·(W_K ⊗ … ⊗ W_1): forward and backward", OPS,
