@@ -213,6 +213,38 @@ def test_stacked_layers_train(device):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("device", devices())
+def test_autograd_gives_only_the_gradients_asked_for_and_refuses_double_backward(device):
+    version = "cpu" if device == "cpu" else "v2"
+    x, w1, w2 = _inputs(3, "4x5", torch.float64, device, seed=31)
+    g = torch.randn(3, 20, dtype=torch.float64, device=device)
+    # x frozen, the factors trained (a layer's weights): dW_k against autograd through the PyTorch reference
+    fr = [w1.clone().requires_grad_(), w2.clone().requires_grad_()]
+    y = K.kron(x, fr, version)
+    assert y.grad_fn is not None and y.requires_grad
+    got = torch.autograd.grad(y, fr, g)
+    fw = [w.detach().requires_grad_() for w in fr]
+    want = torch.autograd.grad(K.kron_ref(x, *fw), fw, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # only W_2 trained
+    w2r = w2.clone().requires_grad_()
+    y = K.kron(x, [w1, w2r], version)
+    (d2,) = torch.autograd.grad(y, [w2r], g)
+    fw2 = w2.clone().requires_grad_()
+    torch.testing.assert_close(d2, torch.autograd.grad(K.kron_ref(x, w1, fw2), [fw2], g)[0], rtol=1e-12, atol=1e-12)
+    # nothing requires grad, or grad mode is off: a plain forward with no graph
+    assert K.kron(x, [w1, w2], version).grad_fn is None
+    with torch.no_grad():
+        assert K.kron(x, [w1, w2r], version).grad_fn is None
+    # the compiled backward is not differentiable: create_graph=True is refused, not silently treated as constant
+    xr = x.clone().requires_grad_()
+    y = K.kron(xr, [w1, w2], version)
+    with pytest.raises(RuntimeError, match=r"kron: the backward of the compiled versions is not differentiable "
+                       r"\(create_graph=True\); for higher derivatives use version='torch.bmm'"):
+        torch.autograd.grad(y, [xr], g, create_graph=True)
+
+
 # ---- bad input -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("version", ["torch", "torch.bmm", "torch.kron", "cpu", "v1", "v2", "v3"])
@@ -514,7 +546,7 @@ def test_tc_empty_batch_and_non_contiguous_input_train(dtype):
     x, *ws = _inputs(0, "64x128", dtype, "cuda")
     dx, dws = K.backward(torch.empty_like(x), x, ws, [], version="v5")
     assert dx.shape == (0, 64 * 128) and all(torch.equal(dw, torch.zeros_like(dw)) for dw in dws)
-    # a strided x through autograd: KronFunction makes it contiguous for the kernels, the gradient keeps x's shape
+    # a strided x through autograd: the C++ Function makes it contiguous for the kernels, the gradient keeps x's shape
     base, *ws = _inputs(4, "12x20", dtype, "cuda", seed=29)
     xt = torch.cat([base, base], 1)[:, ::2].requires_grad_()  # (4, 240), stride 2
     K.kron(xt, ws, "v5").sum().backward()
@@ -613,3 +645,15 @@ def test_command_line_parses_factor_lists():
     assert K.parse_factors([128, 64]) == (128, 64) and K.parse_factors("8x16x32") == (8, 16, 32)
     with pytest.raises(ValueError, match="factor sizes must look like"):
         K.parse_factors("8 by 16")
+
+
+def test_the_calling_thread_switch_is_restored_even_on_error():
+    # eager_against_graph times a step with autograd's backward on the calling thread; the switch is process-wide,
+    # so it must come back on however the block ends
+    from lab.studies import kron as study
+    assert torch.autograd.is_multithreading_enabled()
+    with pytest.raises(KeyError):
+        with study.autograd_on_the_calling_thread():
+            assert not torch.autograd.is_multithreading_enabled()
+            raise KeyError("inside")
+    assert torch.autograd.is_multithreading_enabled()

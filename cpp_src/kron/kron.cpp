@@ -16,6 +16,7 @@
 #include "lab_common.h"
 #include "kron/plan_info.h"
 
+#include <torch/csrc/autograd/custom_function.h>  // torch::autograd::Function (KronAutograd)
 #include <torch/csrc/autograd/python_variable.h>  // THPVariable_Check / THPVariable_Unpack
 
 #include <algorithm>
@@ -384,10 +385,9 @@ at::Tensor backward_tc(const at::Tensor& g, const at::Tensor& x, const std::vect
 
 // Gradients of y = x · (W_K ⊗ … ⊗ W_1) for upstream gradient g: dx and dws[k] = dL/dW_{k+1}, written into the given
 // tensors. states: the K-1 intermediate states the forward wrote.
-at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence factors_, py::sequence states_,
-                    at::Tensor dx, py::sequence dws_, int64_t version) {
-  const std::vector<at::Tensor> factors = tensors(factors_, "factors"), states = tensors(states_, "states"),
-                                dws = tensors(dws_, "dws");
+at::Tensor backward_impl(const at::Tensor& g, const at::Tensor& x, const std::vector<at::Tensor>& factors,
+                         const std::vector<at::Tensor>& states, at::Tensor dx, const std::vector<at::Tensor>& dws,
+                         int64_t version) {
   const Sizes s = check_layer(x, factors, version);
   check_like(g, "g", x, {s.B, s.N}, "(batch, N)");
   // versions 3-5 save no states (their forwards keep them on chip): their backward recomputes them
@@ -435,6 +435,77 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
     }
   });
   return dx;
+}
+
+at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence factors_, py::sequence states_,
+                    at::Tensor dx, py::sequence dws_, int64_t version) {
+  return backward_impl(g, x, tensors(factors_, "factors"), tensors(states_, "states"), dx, tensors(dws_, "dws"),
+                       version);
+}
+
+// ---- autograd: the layer as a C++ autograd Function -----------------------------------------------------------------
+// Why C++ and not a torch.autograd.Function in Python (the design before this one): on CUDA the autograd engine runs
+// the backward on its device thread, and a Python Function's backward (and the release of its Python context) takes
+// the GIL there while the caller's thread, woken when the gradients are ready, is already running the next step's
+// Python. A/B on the H100 box (bf16, batch 1024, 128x128, v5; one step = kron + torch.autograd.grad, GPU ~250 us, its
+// CUDA-graph replay ~243 us): the Python Function's eager step cost 946 us of host time (forward call 293, grad 569),
+// this one 561 us (128, 284). With the backward on the calling thread (set_multithreading_enabled(False)) both cost
+// ~380-390 us: what is left of the gap is autograd's hand-off to its device thread, and the host's per-op costs.
+// Measured per version in notebook 05, section 6d.
+//
+// Inputs: x (batch, N) and factors W_1..W_K, differentiable; version, cfg, cols as in forward. cpu/v1/v2 save the
+// K-1 intermediate states for their backward (backward.cu / cpu.cpp), v3-v5 save none (backward_tc.cu recomputes
+// them at their precision). The backward's kernels are not themselves differentiable: a backward run with
+// create_graph=True is refused (double backward needs a baseline, e.g. version='torch.bmm').
+struct KronAutograd : public torch::autograd::Function<KronAutograd> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_, int64_t version,
+                            int64_t cfg, int64_t cols, bool need_grad, at::TensorList factors_) {
+    const at::Tensor x = x_.contiguous();
+    std::vector<at::Tensor> factors;
+    factors.reserve(factors_.size());
+    for (const auto& w : factors_) factors.push_back(w.contiguous());
+    std::vector<at::Tensor> states;
+    if (need_grad && version < 3 && x.dim() == 2)
+      for (size_t k = 1; k < factors.size(); ++k) states.push_back(at::empty_like(x));
+    at::Tensor y = forward_impl(x, factors, at::empty_like(x), states, version, cfg, cols);
+    if (need_grad) {
+      std::vector<at::Tensor> save{x};
+      save.insert(save.end(), factors.begin(), factors.end());
+      save.insert(save.end(), states.begin(), states.end());
+      ctx->save_for_backward(save);
+      ctx->saved_data["K"] = static_cast<int64_t>(factors.size());
+      ctx->saved_data["version"] = version;
+    }
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    LAB_CHECK(!c10::GradMode::is_enabled(), "kron: the backward of the compiled versions is not differentiable "
+              "(create_graph=True); for higher derivatives use version='torch.bmm'");
+    const auto saved = ctx->get_saved_variables();
+    const int64_t K = ctx->saved_data["K"].toInt(), version = ctx->saved_data["version"].toInt();
+    const at::Tensor& x = saved[0];
+    const std::vector<at::Tensor> factors(saved.begin() + 1, saved.begin() + 1 + K),
+        states(saved.begin() + 1 + K, saved.end());
+    std::vector<at::Tensor> dws;
+    for (const auto& w : factors) dws.push_back(at::empty_like(w));
+    at::Tensor dx = backward_impl(grads[0].contiguous(), x, factors, states, at::empty_like(x), dws, version);
+    // one gradient per forward argument: x, then version, cfg, cols, need_grad (none), then each factor
+    torch::autograd::variable_list out(5 + size_t(K));
+    if (ctx->needs_input_grad(0)) out[0] = dx;
+    for (int64_t k = 0; k < K; ++k)
+      if (ctx->needs_input_grad(size_t(1 + k))) out[size_t(5 + k)] = dws[size_t(k)];
+    return out;
+  }
+};
+
+// y = x · (W_K ⊗ … ⊗ W_1) with autograd (kron.kron in Python): what KronLinear calls.
+at::Tensor apply(const at::Tensor& x, py::sequence factors_, int64_t version, int64_t cfg, int64_t cols) {
+  const std::vector<at::Tensor> factors = tensors(factors_, "factors");
+  bool need = c10::GradMode::is_enabled() && x.requires_grad();
+  for (const auto& w : factors) need = need || (c10::GradMode::is_enabled() && w.requires_grad());
+  return KronAutograd::apply(x, version, cfg, cols, need, at::TensorList(factors));
 }
 
 // What v2 would launch for a batch and factor sizes (x: any CUDA tensor of the dtype, for dtype and device):
@@ -496,6 +567,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "forward(x, factors, out, states, version, cfg, cols) -> out = x (W_K kron ... kron W_1)");
   m.def("backward", lab::bind(backward),
         "backward(g, x, factors, states, dx, dws, version) -> dx; dws[k] = dL/dfactors[k]");
+  m.def("apply", lab::bind(apply),
+        "apply(x, factors, version, cfg, cols) -> y = x (W_K kron ... kron W_1), differentiable in x and every factor "
+        "(a C++ autograd Function: its backward runs the backward above without the GIL)");
   m.def("fused_plan", lab::bind(fused_plan),
         "fused_plan(x, batch, sizes, cfg, cols, version) -> {fits, cfg, c, slices, smem_bytes, blocks_per_sm, threads, TM, TN, "
         "cost, smem_limit} (cuda_src/kron/plan_info.h)");

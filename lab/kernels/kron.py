@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import build, env, verify
 from ..registry import Family, Op, Version, register, version_number
@@ -344,38 +343,6 @@ def backward(g: torch.Tensor, x: torch.Tensor, factors: Sequence[torch.Tensor], 
     return dx, dws
 
 
-class KronFunction(torch.autograd.Function):
-    """autograd for the compiled versions: cpu/v1/v2's forward saves the K-1 intermediate states and the backward runs
-    the dW and dx steps of cuda_src/kron/backward.cu (cpp_src/kron/cpu.cpp on the CPU) on them; v3-v5 save none and
-    their backward (cuda_src/kron/backward_tc.cu) recomputes them."""
-
-    @staticmethod
-    def forward(ctx, x, version, cfg, cols, *factors):
-        x = x.contiguous()
-        factors = [w.contiguous() for w in factors]
-        need = any(ctx.needs_input_grad[i] for i in [0] + list(range(4, 4 + len(factors))))
-        saves = need and version not in TENSOR_CORE
-        states = [torch.empty_like(x) for _ in range(len(factors) - 1)] if saves else []
-        y = torch.empty_like(x)
-        ext().forward(x, factors, y, states, version_number(version), cfg, cols)
-        if need:
-            ctx.save_for_backward(x, *factors, *states)
-            ctx.K, ctx.version = len(factors), version
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g):
-        K = ctx.K
-        saved = ctx.saved_tensors
-        x, factors, states = saved[0], list(saved[1:1 + K]), list(saved[1 + K:])
-        dx = torch.empty_like(x)
-        dws = [torch.empty_like(w) for w in factors]
-        ext().backward(g.contiguous(), x, factors, states, dx, dws, version_number(ctx.version))
-        grads = [dw if ctx.needs_input_grad[4 + k] else None for k, dw in enumerate(dws)]
-        return (dx if ctx.needs_input_grad[0] else None, None, None, None, *grads)
-
-
 def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None = None, *, cfg: int = -1,
          cols: int = 0) -> torch.Tensor:
     """y = x · (W_K ⊗ … ⊗ W_1), differentiable in x and every factor.
@@ -392,7 +359,9 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
         return PYTORCH[version](x, list(factors))
     if version not in KERNELS:
         raise ValueError(f"version must be one of {', '.join(TORCH_VERSIONS + KERNELS)}, got {version!r}")
-    return KronFunction.apply(x, version, cfg, cols, *factors)
+    # a C++ autograd Function (cpp_src/kron/kron.cpp, KronAutograd): cpu/v1/v2 save the K-1 intermediate states for
+    # backward.cu / cpu.cpp, v3-v5 save none (backward_tc.cu recomputes them); its backward runs without the GIL
+    return ext().apply(x, list(factors), version_number(version), cfg, cols)
 
 
 class KronLinear(torch.nn.Module):

@@ -23,15 +23,18 @@ kernels: cpu (C++) and the CUDA versions (lab.kernels.kron.TORCH_VERSIONS and KE
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import statistics
 import sys
+import time
 
 import torch
 from torch.utils.benchmark.utils.common import Measurement, TaskSpec
 
-from .. import env, profile, verify
+from .. import build, env, profile, verify
 from ..kernels import kron as K
-from ..timing import time_fn
+from ..timing import time_cuda, time_fn
 
 FULL_MAX_N = 16384  # the full matrix is 4·N² bytes (1 GiB at N = 16384)
 
@@ -76,6 +79,60 @@ def two_layers(version: str, x, gy, a, b):
         y = K.kron(K.kron(xr, ar, version), br, version)
         grads = torch.autograd.grad(y, [xr, *ar, *br], gy)
     return y.detach(), grads[0], list(grads[1:])
+
+
+@contextlib.contextmanager
+def autograd_on_the_calling_thread():
+    """Autograd's CUDA backward on the caller's thread instead of the engine's device thread, for the duration
+    (torch.autograd.set_multithreading_enabled(False): a process-wide switch, restored on exit)."""
+    torch.autograd.set_multithreading_enabled(False)
+    try:
+        yield
+    finally:
+        torch.autograd.set_multithreading_enabled(True)
+
+
+def eager_against_graph(version: str, dtype=torch.float32, batch: int = 1024, sizes="128x128", device="cuda",
+                        budget_ms: float = 80.0, reps: int = 60) -> dict:
+    """One training step of the layer (forward + backward through autograd, lab.kernels.kron._train: what
+    KronLinear runs), timed eager and replayed from a CUDA graph, and what the eager step's host time is made of.
+
+    Keys: eager_us and graph_us (lab.timing medians: a repetition is the larger of its GPU and host parts), ratio =
+    eager / graph; eager_gpu_us, eager_host_us (the eager step's two parts); single_thread_us (eager, with autograd's
+    backward on the calling thread: autograd_on_the_calling_thread); forward_host_us and grad_host_us (host time of
+    the kron() call and of torch.autograd.grad, medians of `reps` steps issued while the GPU sleeps, so that
+    neither waits for it)."""
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    x, gy, *ws = K.make_train_inputs({"batch": batch, "factors": K.factors_label(K.parse_factors(sizes))}, dtype,
+                                     dev, g)
+    step = K._train(version)
+    call = lambda: step(x, gy, *ws)  # noqa: E731
+    eager = time_cuda(call, budget_ms=budget_ms)
+    graph = time_cuda(call, graph=True, budget_ms=budget_ms)
+    with autograd_on_the_calling_thread():
+        single = time_cuda(call, budget_ms=budget_ms)
+    fwd, grad = [], []
+    with build.frozen(), torch.enable_grad(), K.train_precision(version):
+        for i in range(reps + 5):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(3_000_000)   # ~1.5 ms of GPU work ahead of the step: nothing below waits for the GPU
+            xr = x.detach().requires_grad_()
+            fr = [w.detach().requires_grad_() for w in ws]
+            t0 = time.perf_counter()
+            y = K.kron(xr, fr, version)
+            t1 = time.perf_counter()
+            torch.autograd.grad(y, [xr, *fr], gy)
+            t2 = time.perf_counter()
+            if i >= 5:
+                fwd.append(1e6 * (t1 - t0))
+                grad.append(1e6 * (t2 - t1))
+    torch.cuda.synchronize()
+    med = lambda v: statistics.median(v) if v else None  # noqa: E731
+    return {"version": version, "dtype": verify.dtype_name(dtype), "batch": batch, "eager_us": eager.median_us,
+            "graph_us": graph.median_us, "ratio": eager.median_us / graph.median_us,
+            "eager_gpu_us": med(eager.gpu_us), "eager_host_us": med(eager.host_us),
+            "single_thread_us": single.median_us, "forward_host_us": med(fwd), "grad_host_us": med(grad)}
 
 
 def cmd_check(args, sizes, dtype, device) -> int:
