@@ -62,12 +62,8 @@ namespace tcb {
 
 #if defined(LAB_VARIANT_dtype_bf16)
 using Elem = __nv_bfloat16;
-__device__ __forceinline__ Elem to_elem(float v) { return __float2bfloat16_rn(v); }
-__device__ __forceinline__ Elem elem_zero() { return __float2bfloat16_rn(0.f); }
 #else
 using Elem = float;  // multiplied in TF32
-__device__ __forceinline__ Elem to_elem(float v) { return v; }
-__device__ __forceinline__ Elem elem_zero() { return 0.f; }
 #endif
 using M = tc::Mma<Elem>;
 constexpr int KS = M::KS, KC = M::KC;        // k per mma (8 TF32, 16 bf16), k per chunk (64 bytes of a row)
@@ -144,7 +140,7 @@ __device__ __forceinline__ void stage(Elem* s, const Elem* base, At&& at, int mn
 #pragma unroll
       for (int j = 0; j < VW; ++j) {
         const int em = mm + (ALONG_K ? 0 : j), ek = kk + (ALONG_K ? j : 0);
-        dst[j] = (em < mn_cnt && ek < k_cnt) ? base[at(em, ek)] : elem_zero();
+        dst[j] = (em < mn_cnt && ek < k_cnt) ? base[at(em, ek)] : tc::elem_zero<Elem>();
       }
     }
   }
@@ -372,7 +368,7 @@ __global__ void __launch_bounds__(256) reduce_kernel(const __grid_constant__ Red
   for (int j = 0; j < 4 && e0 + j < ff; ++j) {
     float t = red[0][lane][j];
     for (int i = 1; i < 8; ++i) t += red[i][lane][j];
-    a.out[k][e0 + j] = to_elem(t);
+    tc::store_one(&a.out[k][e0 + j], t);
   }
 }
 

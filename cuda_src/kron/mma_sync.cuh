@@ -120,6 +120,15 @@ template <> struct Mma<__nv_bfloat16> {  // m16n8k16 bf16
   }
 };
 
+// one fp32 value stored as the element type (bf16: rounded to nearest), and the element type's zero (torch builds
+// with __CUDA_NO_BFLOAT16_CONVERSIONS__: no implicit float -> bf16)
+__device__ __forceinline__ void store_one(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_one(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+template <class T> __device__ __forceinline__ T elem_zero() { return T(0.f); }
+template <> __device__ __forceinline__ __nv_bfloat16 elem_zero<__nv_bfloat16>() {
+  return __float2bfloat16_rn(0.f);
+}
+
 // two adjacent accumulators (an mma D fragment's c0, c1) stored as one 8-byte (fp32) or 4-byte (bf16) word
 __device__ __forceinline__ void store_pair(float* p, float v0, float v1) {
   *reinterpret_cast<float2*>(p) = make_float2(v0, v1);

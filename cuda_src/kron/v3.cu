@@ -65,7 +65,6 @@ constexpr int VW = 16 / int(sizeof(Elem));  // elements per 16-byte vector
 // bf16 rounds to nearest bf16, as cuBLAS-factorwise writes its intermediate.
 __device__ __forceinline__ float state_val(float v, float*) { return __uint_as_float(tf32(v)); }
 __device__ __forceinline__ __nv_bfloat16 state_val(float v, __nv_bfloat16*) { return __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store_one(float* p, float v) { *p = v; }
 // two adjacent state elements, 8-byte (fp32) or 4-byte (bf16) aligned
 __device__ __forceinline__ void store_state_pair(float* p, float v0, float v1) {
   *reinterpret_cast<float2*>(p) = make_float2(__uint_as_float(tf32(v0)), __uint_as_float(tf32(v1)));
@@ -73,13 +72,6 @@ __device__ __forceinline__ void store_state_pair(float* p, float v0, float v1) {
 __device__ __forceinline__ void store_state_pair(__nv_bfloat16* p, float v0, float v1) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
 }
-// zero of the element type (torch builds with __CUDA_NO_BFLOAT16_CONVERSIONS__: no implicit float -> bf16)
-#if defined(LAB_VARIANT_dtype_bf16)
-__device__ __forceinline__ Elem elem_zero() { return __float2bfloat16_rn(0.f); }
-#else
-__device__ __forceinline__ Elem elem_zero() { return 0.f; }
-#endif
-__device__ __forceinline__ void store_one(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // ---- a step's block tile: the warps laid out WR × WC, whichever pads the step's M × N output least ----------------
 struct StepTile {
@@ -119,7 +111,7 @@ __device__ __forceinline__ void stage(Elem* dst, int ld, const Elem* src, int ks
     for (int i = threadIdx.x; i < (KC << lb); i += kBlockThreads) {
       const int kk = i >> lb, pp = i & (bp - 1);
       const int k = k0 + kk, p = p0 + pp;
-      dst[kk * ld + pp] = (k < kd && p < pd) ? src[long(k) * kstride + p] : elem_zero();
+      dst[kk * ld + pp] = (k < kd && p < pd) ? src[long(k) * kstride + p] : elem_zero<Elem>();
     }
   }
 }
@@ -181,7 +173,7 @@ __global__ void __launch_bounds__(kBlockThreads, kWarps == 8 ? 2 : 3) fused_tc_k
       nrow = int(S / nk);
       nld = a_ld(nrow, step_tile(nrow, nk));
       const int pad = (cdiv(nk, KS) * KS - nk) * nld;
-      for (int i = threadIdx.x; i < pad; i += kBlockThreads) dst[nk * nld + i] = elem_zero();
+      for (int i = threadIdx.x; i < pad; i += kBlockThreads) dst[nk * nld + i] = elem_zero<Elem>();
     }
     const Elem* const wsrc = s == 1 ? a.w[K - 1] + c0 : a.w[idx];
     const int wpd = s == 1 ? ccols : kd;

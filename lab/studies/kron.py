@@ -92,6 +92,30 @@ def autograd_on_the_calling_thread():
         torch.autograd.set_multithreading_enabled(True)
 
 
+def autograd_floor(device="cuda", reps: int = 200) -> dict:
+    """What autograd's engine costs the host for a backward of one tiny op (y = x * 2, 1024 floats): medians of
+    `reps` calls of torch.autograd.grad, on the engine's device thread (the default) and on the calling thread
+    (autograd_on_the_calling_thread). Keys: device_thread_us, calling_thread_us."""
+    dev = torch.device(device)
+    x = torch.randn(1024, device=dev, requires_grad=True)
+    g = torch.ones(1024, device=dev)
+
+    def timed() -> float:
+        ts = []
+        for i in range(reps + 10):
+            y = x * 2
+            torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            torch.autograd.grad(y, [x], g)
+            if i >= 10:
+                ts.append(1e6 * (time.perf_counter() - t0))
+        return statistics.median(ts)
+    device_thread = timed()
+    with autograd_on_the_calling_thread():
+        calling_thread = timed()
+    return {"device_thread_us": device_thread, "calling_thread_us": calling_thread}
+
+
 def eager_against_graph(version: str, dtype=torch.float32, batch: int = 1024, sizes="128x128", device="cuda",
                         budget_ms: float = 80.0, reps: int = 60) -> dict:
     """One training step of the layer (forward + backward through autograd, lab.kernels.kron._train: what
