@@ -45,6 +45,12 @@
 //     242 / 426 against cuBLAS-factorwise 332 / 558, batch 32 34.0 / 56.5 against 39.7 / 49.3, batch 4096 739 / 1374
 //     against 1154 / 2018. (Dev timing on the H100, graph, L2 flushed; results/ and notebook 05 hold the rows of
 //     design 3 with the reduce above, measured at 7688426.)
+//  6. Programmatic dependent launch (wait_then_release_next, pdl_helps): each kernel launches while the one before it
+//     runs and waits on the SMs it leaves idle, so the launch gaps between the six kernels hide behind the tails.
+//     A/B in one run (graph, L2 flushed, backward alone, bf16 / TF32, us): batch 1 24.0 -> 20.5 / 32.2 -> 28.4,
+//     batch 32 28.6 -> 25.1 / 38.7 -> 35.0, batch 64 36.3 -> 32.8 / 48.8 -> 45.3, batch 128 (not used there)
+//     50.6 -> 50.9 / 97.1 -> 96.7, batch 256 86.0 -> 83.4 / 121.4 -> 119.5, batch 1024 218.5 -> 216.4 / 361.6 -> 357.5;
+//     forward + backward at batch 32 34.0 -> 30.4 / 56.0 -> 52.5.
 // What is left: every step is its own pass over (B, N) tensors; tiles copied by TMA (one instruction a tile, where a
 // tile stays within a sample) and the R-step's dF fused into the next dW (as v5 fuses the forward) are the next
 // designs.
@@ -178,6 +184,17 @@ template <int MODE, class TL> constexpr int smem_bytes() {
   return stages > ctile ? stages : ctile;
 }
 
+// Programmatic dependent launch (sm_90; launch_pdl below): every kernel of the backward may start while the one before
+// it in the stream still runs. It first waits until that grid has finished and its writes are visible, then lets the
+// next kernel's grid launch: that grid's blocks take the SMs this one leaves idle and wait here in turn, so a launch's
+// latency hides behind the previous kernel's tail. Before sm_90: nothing (a plain launch).
+__device__ __forceinline__ void wait_then_release_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 template <int MODE, class TL>
 __global__ void __launch_bounds__(TL::THREADS) step_kernel(const __grid_constant__ StepArgs a) {
   constexpr int BM = TL::BM, BN = TL::BN, MI = TL::MI, NI = TL::NI, NS = TL::NS;
@@ -186,6 +203,7 @@ __global__ void __launch_bounds__(TL::THREADS) step_kernel(const __grid_constant
   constexpr int A_ELEMS = tile_elems<BM, AK>(), STAGE = A_ELEMS + tile_elems<BN, BK>();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Elem* smem = reinterpret_cast<Elem*>(smem_raw);
+  wait_then_release_next();
   const int z = int(blockIdx.x) / a.tiles, tile = int(blockIdx.x) % a.tiles;
   const long m0 = long(tile / a.tiles_n) * BM, n0 = long(tile % a.tiles_n) * BN;
   const long nchunks = (a.depth + KC - 1) / KC;
@@ -345,6 +363,7 @@ struct ReduceArgs {
 // then the 8 warps' sums are added in warp order: a fixed order, so the result does not depend on scheduling. (One
 // thread per element, walking all 264 splits of a 128 × 128 factor in turn, read at 46% of the DRAM bandwidth.)
 __global__ void __launch_bounds__(256) reduce_kernel(const __grid_constant__ ReduceArgs a) {
+  wait_then_release_next();
   const int k = blockIdx.y, ff = a.ff[k], splits = a.splits[k];
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
   const int e0 = blockIdx.x * 128 + lane * 4;
@@ -400,7 +419,25 @@ inline StepPlan plan_dw(long depth, int f, int sms) {
   return {big, cdiv(f, big ? Big::BN : Small::BN), int(tiles), splits_for(tiles)};
 }
 
-template <int MODE, class TL> cudaError_t launch_step(const StepArgs& a, cudaStream_t s) {
+// A launch with programmatic stream serialization where the GPU has it (sm_90+: the kernels wait at
+// wait_then_release_next; stream capture records it as a programmatic edge of the graph), a plain one before.
+template <class Args>
+cudaError_t launch_pdl(void (*kernel)(Args), dim3 grid, int threads, int smem, cudaStream_t s, const Args& args,
+                       bool pdl) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl && lab::device_attr<cudaDevAttrComputeCapabilityMajor>(0) >= 9 ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args);
+}
+
+template <int MODE, class TL> cudaError_t launch_step(const StepArgs& a, cudaStream_t s, bool pdl) {
   constexpr int smem = smem_bytes<MODE, TL>();
   static bool opted[64] = {};  // the opt-in above 48 KB, once per instantiation and device
   int dev = 0;
@@ -410,15 +447,20 @@ template <int MODE, class TL> cudaError_t launch_step(const StepArgs& a, cudaStr
     if (e != cudaSuccess) return e;
     if (dev >= 0 && dev < 64) opted[dev] = true;
   }
-  step_kernel<MODE, TL><<<unsigned(long(a.tiles) * a.splits), TL::THREADS, smem, s>>>(a);
-  return cudaGetLastError();
+  return launch_pdl(step_kernel<MODE, TL>, dim3(unsigned(long(a.tiles) * a.splits)), TL::THREADS, smem, s, a, pdl);
 }
-template <int MODE> cudaError_t launch(StepArgs a, const StepPlan& p, cudaStream_t s) {
+template <int MODE> cudaError_t launch(StepArgs a, const StepPlan& p, cudaStream_t s, bool pdl) {
   a.tiles_n = p.tiles_n;
   a.tiles = p.tiles;
   a.splits = p.splits;
-  return p.big ? launch_step<MODE, Big>(a, s) : launch_step<MODE, Small>(a, s);
+  return p.big ? launch_step<MODE, Big>(a, s, pdl) : launch_step<MODE, Small>(a, s, pdl);
 }
+// Whether a call's launches go out with programmatic dependent launch: where every step's grid is 128 × 128 tiles
+// (one block an SM) or at most two blocks an SM. Where a grid of 64 × 64 tiles has ~4 blocks an SM (the F- and
+// R-steps at batch 128, 128 × 128 factors: 512 blocks), the next grid's blocks, placed while this one's still run,
+// pile onto the SMs that freed first: with PDL on every launch, batch 128 measured 50.3 -> 52.0 (bf16) and 96.4 -> 98.1
+// us (TF32) on the H100 (graph, backward alone), while every other batch gained (the header's design 6).
+inline bool pdl_helps(const StepPlan& p, int sms) { return p.big || long(p.tiles) * p.splits <= 2L * sms; }
 
 inline bool al16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 // stage_affine's offsets, mm·ms + kk·ks with mm < 128, kk < KC and strides up to max(P, f), fit 32 bits
@@ -445,6 +487,12 @@ cudaError_t backward(const Elem* g, const Elem* x, const Elem* const* w, const i
   Elem* dF[2] = {reinterpret_cast<Elem*>(p), reinterpret_cast<Elem*>(p + (K >= 3 ? state : 0))};
   p += long(std::min(K - 1, 2)) * state;
 
+  bool pdl = true;  // pdl_helps for every step of this call
+  for (int k = 1; k <= K && B > 0; ++k) {
+    const long P = N / f[k - 1];
+    pdl = pdl && pdl_helps(plan_dw(B * P, f[k - 1], sms), sms) && pdl_helps(plan_step(f[k - 1], B * P, sms), sms) &&
+          (k == 1 || pdl_helps(plan_step(B * P, f[k - 1], sms), sms));
+  }
   auto args = [&](const Elem* A, const Elem* Bop, void* C, int fk, bool vec_a, bool vec_b) {
     StepArgs a{};
     a.a = A, a.b = Bop, a.c = C, a.n = N, a.f = fk, a.p = int(N / fk), a.vec_a = vec_a, a.vec_b = vec_b;
@@ -458,7 +506,7 @@ cudaError_t backward(const Elem* g, const Elem* x, const Elem* const* w, const i
       const StepPlan pl = plan_step(a.rows, fk, sms);
       a.aff_a = a.vec_a && (N / fk) % (pl.big ? Big::BM : Small::BM) == 0 && small32(N / fk, fk);  // a tile in a sample
       a.aff_b = a.vec_b && small32(N / fk, fk);
-      cudaError_t e = launch<kFStep>(a, pl, s);
+      cudaError_t e = launch<kFStep>(a, pl, s, pdl);
       if (e != cudaSuccess) return e;
     }
   }
@@ -479,22 +527,21 @@ cudaError_t backward(const Elem* g, const Elem* x, const Elem* const* w, const i
       a.rows = fk, a.cols = fk, a.depth = B * P, a.vec_c = fk % 4 == 0;  // partials: float runs, 256-byte aligned
       a.aff_a = a.vec_a && P % KC == 0 && small32(P, fk);  // a chunk in a sample
       a.aff_b = a.vec_b && small32(P, fk);
-      cudaError_t e = launch<kDW>(a, pd, s);
+      cudaError_t e = launch<kDW>(a, pd, s, pdl);
       if (e != cudaSuccess) return e;
       Elem* out = k == K ? dx : dF[(k - 1) & 1];
       StepArgs r = args(w[k - 1], D, out, fk, fk % VW == 0 && al16(w[k - 1]), fk % VW == 0 && al16(D));
       r.rows = fk, r.cols = B * P, r.depth = fk, r.vec_c = P % VW == 0 && al16(out);
       r.aff_a = r.vec_a && small32(P, fk);
       r.aff_b = r.vec_b && small32(P, fk);
-      e = launch<kRStep>(r, plan_step(r.rows, r.cols, sms), s);
+      e = launch<kRStep>(r, plan_step(r.rows, r.cols, sms), s, pdl);
       if (e != cudaSuccess) return e;
       D = out;
     }
     p += pad256(long(pd.splits) * fk * fk * 4);
   }
   dim3 grid(unsigned(cdiv(max_ff, 128)), unsigned(K));
-  reduce_kernel<<<grid, 256, 0, s>>>(ra);
-  return cudaGetLastError();
+  return launch_pdl(reduce_kernel, grid, 256, 0, s, ra, pdl && B > 0);
 }
 
 }  // namespace tcb
