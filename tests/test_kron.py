@@ -491,6 +491,29 @@ def test_tc_backward_large_batches(batch, dtype):
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch", [3, 32, 128, 1024])
+def test_tc_train_step_replayed_from_a_cuda_graph_matches_eager(batch, dtype):
+    # backward_tc's kernels launch programmatically (griddepcontrol) where its grids allow (batch 3, 32 and 1024 at
+    # 128x128; not 128): captured in a CUDA graph, where those launches become programmatic edges, a replay must give
+    # the eager step's results bit for bit (every kernel of the step is deterministic)
+    from lab.timing import capture_graph
+    x, gy, *ws = K.make_train_inputs({"batch": batch, "factors": "128x128"}, dtype, torch.device("cuda"),
+                                     torch.Generator().manual_seed(26))
+    step = K._train("v5")
+    want = step(x, gy, *ws)
+    got = []
+    graph = capture_graph(lambda: got.append(step(x, gy, *ws)))
+    outs = got[-1]  # the tensors the captured step writes on every replay
+    for t in outs:
+        t.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, a, b in zip(["y", "dx", "dW1", "dW2"], outs, want):
+        assert torch.equal(a, b), f"{name}: graph replay differs from eager at batch {batch}, {dtype}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tc_backward_element_paths_and_offset_views(dtype):
     # outputs and inputs 1 element off the 16-byte alignment: the kernels' element loads (no vectors) must agree
     x, *ws = _inputs(3, "128x128", dtype, "cuda", seed=24)
