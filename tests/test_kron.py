@@ -672,7 +672,7 @@ def test_command_line_parses_factor_lists():
 
 def test_the_calling_thread_switch_is_restored_even_on_error():
     # eager_against_graph times a step with autograd's backward on the calling thread; the switch is process-wide,
-    # so it must come back on however the block ends
+    # so it must come back to what it was however the block ends
     from lab.studies import kron as study
     assert torch.autograd.is_multithreading_enabled()
     with pytest.raises(KeyError):
@@ -680,3 +680,11 @@ def test_the_calling_thread_switch_is_restored_even_on_error():
             assert not torch.autograd.is_multithreading_enabled()
             raise KeyError("inside")
     assert torch.autograd.is_multithreading_enabled()
+    # and to what it was: off stays off
+    torch.autograd.set_multithreading_enabled(False)
+    try:
+        with study.autograd_on_the_calling_thread():
+            pass
+        assert not torch.autograd.is_multithreading_enabled()
+    finally:
+        torch.autograd.set_multithreading_enabled(True)

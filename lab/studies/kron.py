@@ -84,12 +84,13 @@ def two_layers(version: str, x, gy, a, b):
 @contextlib.contextmanager
 def autograd_on_the_calling_thread():
     """Autograd's CUDA backward on the caller's thread instead of the engine's device thread, for the duration
-    (torch.autograd.set_multithreading_enabled(False): a process-wide switch, restored on exit)."""
+    (torch.autograd.set_multithreading_enabled(False): a process-wide switch, restored to what it was on exit)."""
+    was = torch.autograd.is_multithreading_enabled()
     torch.autograd.set_multithreading_enabled(False)
     try:
         yield
     finally:
-        torch.autograd.set_multithreading_enabled(True)
+        torch.autograd.set_multithreading_enabled(was)
 
 
 def autograd_floor(device="cuda", reps: int = 200) -> dict:
