@@ -214,7 +214,7 @@ def test_stacked_layers_train(device):
 
 
 @pytest.mark.parametrize("device", devices())
-def test_autograd_gives_only_the_gradients_asked_for_and_refuses_double_backward(device):
+def test_autograd_gives_only_the_gradients_asked_for_and_is_differentiable_once(device):
     version = "cpu" if device == "cpu" else "v2"
     x, w1, w2 = _inputs(3, "4x5", torch.float64, device, seed=31)
     g = torch.randn(3, 20, dtype=torch.float64, device=device)
@@ -237,12 +237,17 @@ def test_autograd_gives_only_the_gradients_asked_for_and_refuses_double_backward
     assert K.kron(x, [w1, w2], version).grad_fn is None
     with torch.no_grad():
         assert K.kron(x, [w1, w2r], version).grad_fn is None
-    # the compiled backward is not differentiable: create_graph=True is refused, not silently treated as constant
-    xr = x.clone().requires_grad_()
-    y = K.kron(xr, [w1, w2], version)
-    with pytest.raises(RuntimeError, match=r"kron: the backward of the compiled versions is not differentiable "
-                       r"\(create_graph=True\); for higher derivatives use version='torch.bmm'"):
-        torch.autograd.grad(y, [xr], g, create_graph=True)
+    # the compiled backward is differentiable once (as @once_differentiable): create_graph=True gives the right
+    # first-order gradients, and a second backward through them raises instead of treating them as constants
+    xr, w2r = x.clone().requires_grad_(), w2.clone().requires_grad_()
+    dx, dw2 = torch.autograd.grad(K.kron(xr, [w1, w2r], version), [xr, w2r], g, create_graph=True)
+    xf, w2f = x.clone().requires_grad_(), w2.clone().requires_grad_()
+    for a, b in zip((dx, dw2), torch.autograd.grad(K.kron_ref(xf, w1, w2f), [xf, w2f], g)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert dx.requires_grad and dw2.requires_grad
+    with pytest.raises(RuntimeError, match=r"kron: the backward of the compiled versions is not differentiable \(a "
+                       r"second backward reached it\); for higher derivatives use version='torch.bmm'"):
+        (dx.square().sum() + dw2.sum()).backward()
 
 
 # ---- bad input -----------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include "kron/plan_info.h"
 
 #include <torch/csrc/autograd/custom_function.h>  // torch::autograd::Function (KronAutograd)
+#include <torch/csrc/autograd/functions/basic_ops.h>  // DelayedError: once-differentiable gradients
 #include <torch/csrc/autograd/python_variable.h>  // THPVariable_Check / THPVariable_Unpack
 
 #include <algorithm>
@@ -455,8 +456,9 @@ at::Tensor backward(const at::Tensor& g, const at::Tensor& x, py::sequence facto
 //
 // Inputs: x (batch, N) and factors W_1..W_K, differentiable; version, cfg, cols as in forward. cpu/v1/v2 save the
 // K-1 intermediate states for their backward (backward.cu / cpu.cpp), v3-v5 save none (backward_tc.cu recomputes
-// them at their precision). The backward's kernels are not themselves differentiable: a backward run with
-// create_graph=True is refused (double backward needs a baseline, e.g. version='torch.bmm').
+// them at their precision). The backward's kernels are not themselves differentiable; as with Python's
+// @once_differentiable, a backward run with create_graph=True returns its gradients behind a node that raises if a
+// second backward reaches it (double backward needs a baseline, e.g. version='torch.bmm').
 struct KronAutograd : public torch::autograd::Function<KronAutograd> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_, int64_t version,
                             int64_t cfg, int64_t cols, bool need_grad, at::TensorList factors_) {
@@ -481,8 +483,6 @@ struct KronAutograd : public torch::autograd::Function<KronAutograd> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    LAB_CHECK(!c10::GradMode::is_enabled(), "kron: the backward of the compiled versions is not differentiable "
-              "(create_graph=True); for higher derivatives use version='torch.bmm'");
     const auto saved = ctx->get_saved_variables();
     const int64_t K = ctx->saved_data["K"].toInt(), version = ctx->saved_data["version"].toInt();
     const at::Tensor& x = saved[0];
@@ -496,7 +496,25 @@ struct KronAutograd : public torch::autograd::Function<KronAutograd> {
     if (ctx->needs_input_grad(0)) out[0] = dx;
     for (int64_t k = 0; k < K; ++k)
       if (ctx->needs_input_grad(size_t(1 + k))) out[size_t(5 + k)] = dws[size_t(k)];
-    return out;
+    return c10::GradMode::is_enabled() ? once_differentiable(std::move(out)) : out;
+  }
+
+  // create_graph=True: the defined gradients come back behind an Error node (what Python's @once_differentiable does,
+  // through the same DelayedError: identity forward, its outputs' grad_fn raises), so a second backward through them
+  // raises instead of treating them as constants
+  static torch::autograd::variable_list once_differentiable(torch::autograd::variable_list grads) {
+    torch::autograd::variable_list leaves;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (grads[i].defined()) leaves.push_back(grads[i].detach().requires_grad_(true)), at.push_back(i);
+    if (leaves.empty()) return grads;
+    torch::autograd::DelayedError err(
+        "kron: the backward of the compiled versions is not differentiable (a second backward reached it); for "
+        "higher derivatives use version='torch.bmm'",
+        static_cast<int64_t>(leaves.size()));
+    const torch::autograd::variable_list wrapped = err.apply(std::move(leaves));
+    for (size_t j = 0; j < at.size(); ++j) grads[at[j]] = wrapped[j];
+    return grads;
   }
 };
 

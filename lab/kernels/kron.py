@@ -351,8 +351,9 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
     version: 'cpu', 'v1', 'v2', 'v3', 'v4', 'v5' (compiled; default: cpu on the CPU, on CUDA the fastest of the dtype's
     precision from the tuning table tune_default writes, else v2, v3 for bfloat16) or a PyTorch baseline: 'torch',
     'torch.bmm', 'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2 take float32/float64, v3/v4/v5 float32 (TF32) and bfloat16,
-    their gradients at the same precision. The compiled versions' gradients are first order: a backward with
-    create_graph=True raises (the PyTorch baselines are differentiable twice).
+    their gradients at the same precision. The compiled versions are differentiable once (as @once_differentiable:
+    with create_graph=True their gradients come back, and a second backward through them raises; the PyTorch
+    baselines are differentiable twice).
     """
     check_inputs(x, factors)
     version = version or default_version(x, factors)
