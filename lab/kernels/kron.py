@@ -30,8 +30,9 @@ Baselines (PyTorch, named for what they run):
   torch.bmm.tf32  the same with TF32 on: v3's baseline on float32 tensors
   torch.kron  builds the N×N matrix with torch.kron, then x @ M (what the factorisation avoids)
 
-`kron(x, factors, version)` is differentiable (autograd.Function for the compiled versions, PyTorch autograd for the
-baselines); the tensor-core versions' gradients are computed at their precision (TF32 / bf16).
+`kron(x, factors, version)` is differentiable (a C++ autograd Function for the compiled versions, KronAutograd in
+cpp_src/kron/kron.cpp; PyTorch autograd for the baselines); the tensor-core versions' gradients are computed at their
+precision (TF32 / bf16).
 """
 from __future__ import annotations
 
