@@ -126,7 +126,7 @@ def eager_against_graph(version: str, dtype=torch.float32, batch: int = 1024, si
     eager / graph; eager_gpu_us, eager_host_us (the eager step's two parts); single_thread_us (eager, with autograd's
     backward on the calling thread: autograd_on_the_calling_thread); forward_host_us and grad_host_us (host time of
     the kron() call and of torch.autograd.grad, medians of `reps` steps issued while the GPU sleeps, so that
-    neither waits for it)."""
+    neither waits for it). A part that was not measured is nan."""
     dev = torch.device(device)
     g = torch.Generator().manual_seed(0)
     x, gy, *ws = K.make_train_inputs({"batch": batch, "factors": K.factors_label(K.parse_factors(sizes))}, dtype,
@@ -153,7 +153,8 @@ def eager_against_graph(version: str, dtype=torch.float32, batch: int = 1024, si
                 fwd.append(1e6 * (t1 - t0))
                 grad.append(1e6 * (t2 - t1))
     torch.cuda.synchronize()
-    med = lambda v: statistics.median(v) if v else None  # noqa: E731
+    # nan where a part is unknown: a step that blocks its host is timed host and GPU in series (lab.timing), no parts
+    med = lambda v: statistics.median(v) if v else math.nan  # noqa: E731
     return {"version": version, "dtype": verify.dtype_name(dtype), "batch": batch, "eager_us": eager.median_us,
             "graph_us": graph.median_us, "ratio": eager.median_us / graph.median_us,
             "eager_gpu_us": med(eager.gpu_us), "eager_host_us": med(eager.host_us),
