@@ -208,6 +208,8 @@ def _fused_args(lab, B, device="cpu", dtype=torch.float32):
     (dict(logits=torch.empty(3, 96)), r"logits must have shape \(batch, vocab\) = \(3, 97\), got \(3, 96\)"),
     (dict(tokens_in=torch.zeros(2, dtype=torch.long)), r"tokens_in must have shape \(batch,\)"),
     (dict(h_out=torch.empty(24, 3).t()), r"h_out must have unit stride along its last dimension"),
+    (dict(tokens=None), r"tokens=None runs one teacher-forced step without the pick: it needs tokens_in and logits"),
+    (dict(tokens=None, logits=torch.empty(3, 97)), r"tokens=None .* needs tokens_in and logits"),
 ])
 def test_fused_greedy_bad_input(change, message):
     _, lab = _pair(SMALL, "cpu")

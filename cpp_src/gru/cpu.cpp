@@ -179,7 +179,7 @@ void greedy_cpu(const T* ctx, int64_t ld_ctx, const T* gi_ctx, const T* fc_ctx, 
         }
         if (finished) best = eos;
         else if (best == eos) finished = true;
-        toks[t * B + b] = best;
+        if (toks) toks[t * B + b] = best;  // (null: one teacher-forced step, no pick wanted)
         tok = best;
       }
       if (h_out) std::copy(x.begin() + E, x.end(), h_out + b * ld_hout);

@@ -13,7 +13,8 @@
 //   decoder_prep(logits | tokens, tokens_out, emb, gi_table, gi_ctx, xh, gi)   the decoder step's token pick
 //       (argmax) and gathers.
 //   greedy_decode(ctx, gi_ctx, fc_ctx, emb, gi_table, w_hh, b_hh, w_fc, sos, eos, tokens)   every step of the
-//       decoder's greedy loop in one call: one launch on the GPU (float32), a C++ loop on the CPU.
+//       decoder's greedy loop in one call: one launch on the GPU (float32), a C++ loop on the CPU; tokens None: one
+//       teacher-forced step (tokens_in -> logits, h_out) without the pick.
 //   greedy_plan(batch, hidden, emb_dim, vocab)       whether and how the one-launch decoder runs on this GPU.
 //   v3_plan(batch, hidden, dtype_code, version)      how v3/v4 split the work on this GPU (for the notebook).
 //   v5_plan(batch, hidden, dtype_code, config)       how v5 splits it: its configuration, slices, shared memory.
@@ -730,13 +731,16 @@ std::string greedy_plan_error(int status, const int* info, int64_t B, int64_t H,
 // itself: the last step's h (needs eos = -1: a decode that stops early has no last step for every row).
 void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Tensor& fc_ctx, const at::Tensor& emb,
                    const at::Tensor& gi_table, const at::Tensor& w_hh, const at::Tensor& b_hh,
-                   const at::Tensor& w_fc, int64_t sos, int64_t eos, at::Tensor tokens,
+                   const at::Tensor& w_fc, int64_t sos, int64_t eos, const std::optional<at::Tensor>& tokens_out,
                    const std::optional<at::Tensor>& tokens_in, const std::optional<at::Tensor>& logits,
                    const std::optional<at::Tensor>& h_out) {
   lab::check_dim(ctx, "ctx", 2, "(batch, hidden)");
   lab::check_dim(emb, "emb", 2, "(vocab, emb_dim)");
-  lab::check_dim(tokens, "tokens", 2, "(steps, batch)");
-  const int64_t B = ctx.size(0), H = ctx.size(1), V = emb.size(0), E = emb.size(1), Tn = tokens.size(0);
+  // tokens None: one teacher-forced step that writes logits (and h_out) without picking the next token
+  const bool has_tokens = tokens_out && tokens_out->defined();
+  if (has_tokens) lab::check_dim(*tokens_out, "tokens", 2, "(steps, batch)");
+  const int64_t B = ctx.size(0), H = ctx.size(1), V = emb.size(0), E = emb.size(1),
+                Tn = has_tokens ? tokens_out->size(0) : 1;
   lab::check_dtype(ctx, "ctx", {at::kFloat, at::kDouble});
   using Spec = std::tuple<const at::Tensor*, const char*, std::vector<int64_t>, const char*>;
   for (const Spec& sp : {Spec{&gi_ctx, "gi_ctx", {B, 3 * H}, "(batch, 3*hidden)"},
@@ -755,15 +759,20 @@ void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Te
   }
   LAB_CHECK_VALUE(ctx.stride(1) == 1 && (B <= 1 || ctx.stride(0) >= H), "ctx must have unit stride along its last "
                   "dimension and rows at least hidden apart, got strides ", lab::shape_str(ctx.strides()));
-  lab::check_shape(tokens, "tokens", {Tn, B}, "(steps, batch)");
-  lab::check_dtype(tokens, "tokens", {at::kLong});
-  lab::check_same_device(tokens, "tokens", ctx, "ctx");
-  lab::check_contiguous(tokens, "tokens");
+  if (has_tokens) {
+    const at::Tensor& tokens = *tokens_out;
+    lab::check_shape(tokens, "tokens", {Tn, B}, "(steps, batch)");
+    lab::check_dtype(tokens, "tokens", {at::kLong});
+    lab::check_same_device(tokens, "tokens", ctx, "ctx");
+    lab::check_contiguous(tokens, "tokens");
+  }
   LAB_CHECK_VALUE(V >= 1, "emb must have at least one row (the vocabulary), got shape ", lab::shape_str(emb.sizes()));
   LAB_CHECK_VALUE(sos >= 0 && sos < V, "sos = ", sos, " is outside the vocabulary [0, ", V, ")");
   LAB_CHECK_VALUE(eos >= -1 && eos < V, "eos = ", eos, " must be -1 (none) or inside the vocabulary [0, ", V, ")");
   const bool has_tin = tokens_in && tokens_in->defined(), has_logits = logits && logits->defined(),
              has_hout = h_out && h_out->defined();
+  LAB_CHECK_VALUE(has_tokens || (has_tin && has_logits), "tokens=None runs one teacher-forced step without the pick: "
+                  "it needs tokens_in and logits");
   if (has_tin) {
     lab::check_shape(*tokens_in, "tokens_in", {B}, "(batch,)");
     lab::check_dtype(*tokens_in, "tokens_in", {at::kLong});
@@ -822,7 +831,8 @@ void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Te
                        ctx_p.data_ptr<float>(), gi_ctx.data_ptr<float>(), fc_ctx.data_ptr<float>(),
                        emb_p.data_ptr<float>(), gi_table.data_ptr<float>(), w_hh_p.data_ptr<float>(),
                        b_hh.data_ptr<float>(), w_fc_p.data_ptr<float>(), hbuf.data_ptr<float>(),
-                       reinterpret_cast<unsigned long long*>(keys.data_ptr<int64_t>()), tokens.data_ptr<int64_t>(),
+                       reinterpret_cast<unsigned long long*>(keys.data_ptr<int64_t>()),
+                       has_tokens ? tokens_out->data_ptr<int64_t>() : nullptr,
                        has_tin ? tokens_in->data_ptr<int64_t>() : nullptr,
                        has_logits ? logits->data_ptr<float>() : nullptr, has_hout ? h_out->data_ptr<float>() : nullptr,
                        pad ? Hp : ctx.stride(0), has_hout ? h_out->stride(0) : 0, b, h, e, v,
@@ -837,7 +847,7 @@ void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Te
     lab::launcher<GreedyCpu<scalar_t>>(lab::cat("greedy_decode_cpu_", lab::dtype_suffix<scalar_t>()))(
         ctx.data_ptr<scalar_t>(), ctx.stride(0), gi_ctx.data_ptr<scalar_t>(), fc_ctx.data_ptr<scalar_t>(),
         emb.data_ptr<scalar_t>(), gi_table.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(),
-        b_hh.data_ptr<scalar_t>(), w_fc.data_ptr<scalar_t>(), tokens.data_ptr<int64_t>(),
+        b_hh.data_ptr<scalar_t>(), w_fc.data_ptr<scalar_t>(), has_tokens ? tokens_out->data_ptr<int64_t>() : nullptr,
         has_tin ? tokens_in->data_ptr<int64_t>() : nullptr, has_logits ? logits->data_ptr<scalar_t>() : nullptr,
         has_hout ? h_out->data_ptr<scalar_t>() : nullptr, has_hout ? h_out->stride(0) : 0, B, H, E, V, Tn, sos, eos);
   });
@@ -947,8 +957,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decoder_prep", lab::bind(decoder_prep),
         "decoder_prep(logits|None, tokens|None, tokens_out|None, emb, gi_table, gi_ctx, xh, gi)");
   m.def("greedy_decode", lab::bind(greedy_decode),
-        "greedy_decode(ctx, gi_ctx, fc_ctx, emb, gi_table, w_hh, b_hh, w_fc, sos, eos, tokens, tokens_in|None, "
-        "logits|None, h_out|None) -> None: every step of a greedy decode (tokens: (steps, batch) out)");
+        "greedy_decode(ctx, gi_ctx, fc_ctx, emb, gi_table, w_hh, b_hh, w_fc, sos, eos, tokens|None, tokens_in|None, "
+        "logits|None, h_out|None) -> None: every step of a greedy decode (tokens: (steps, batch) out; None: one "
+        "teacher-forced step from tokens_in into logits, no pick)");
   m.def("greedy_plan", lab::bind(greedy_plan),
         "greedy_plan(batch, hidden, emb_dim, vocab) -> {status, reason, blocks, units_per_block, rows_per_block, "
         "smem_bytes, smem_optin, max_coresident, a_/b_rows_per_thread, a_/b_k_lanes, a_/b_batch_tile, a_/b_k_chunk}");

@@ -35,6 +35,15 @@
 //            measured; past 3x the reference at batch 1.
 //   c533b23/65a9b41  the weights by bulk copies on mbarriers, the prologue's zero fill by rows: a shorter start of
 //            the launch (the one-step launch of LabSeq2Seq.step_fused depends on it most).
+//   greedy_kernel<false>  the one-step launch without the pick (no argmax, no second barrier, h_out written after
+//            the first): 22.1 -> 19.8 us at batch 1, 33.7 -> 31.1 at batch 8 (graph, L2 flushed; the decode unchanged).
+//   Tried, not kept: unpadded slices, W_hh gate-major, so four bulk copies move a block's weights instead of 57 from
+//            one warp (%globaltimer stamps showed that warp ~3 us late into phase A). The one-step launch gained
+//            0.3 us, the 30-step decode lost 8% (243 -> 263 us at batch 1): the padding's bank spread pays every step.
+// The one-step launch's floor: 132 blocks pulling 160 KB each (21 MB) into shared memory take 14.1 us from an idle
+// GPU, launch included (an empty launch: 3.0 us), after the lab's write flush, whose dirty L2 lines are written back
+// as the weights evict them; 10.8 us after a read flush (bulk copies, cp.async and plain loads alike, within 1.5 us;
+// a dev microbenchmark on the H100). So the weights alone take ~11 us of the step at batch 1.
 // What bounds it (ncu, notebook 04): at batch 1 the blocks wait (barrier stalls lead): two grid barriers a step and
 // a chain of dependent L2 round trips; at batch 128 fc_out's tile, 8 warps an SM at ~250 registers, stalls on
 // fixed-latency FMA dependences and shared-memory operand loads with the FP32 pipe far from busy.
@@ -67,7 +76,7 @@ struct GreedyArgs {
   const float* w_fc;    // (V, Ep + Hp) fc_out's [emb | h] columns
   float* hbuf;          // (2, B, Hp) workspace: h_t in hbuf[t & 1] (its pad columns zero)
   unsigned long long* keys;  // (2, B) workspace: the argmax of step t merges into keys[t & 1]
-  int64_t* toks;        // (T, B) the output tokens
+  int64_t* toks;        // (T, B) the output tokens, or nullptr: one step (T = 1) without the pick
   const int64_t* tok_in;  // (B) step 0's input tokens, or nullptr: <sos> (a token outside [0, V) poisons its row)
   float* logits;        // (B, V) the last step's logits, or nullptr
   float* h_out;         // (B, H) rows ld_hout apart: the last step's h (written after every read of ctx), or nullptr
@@ -235,7 +244,7 @@ __device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int
 // row's best (value, index) over them, one warp a row, merged into keys with one atomicMax. The tile's fc_ctx is
 // copied into shared memory (cp.async, no registers: the accumulators need them) before the product, so its L2
 // latency hides behind the multiply.
-template <int TB>
+template <int TB, bool kPick>
 __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int b0, const float* hcur,
                                         unsigned long long* keys, const float* wfc_s, int ldf, float* stage,
                                         float* fcs, const int* tok_s) {
@@ -268,9 +277,12 @@ __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int
     for (int v = lane; v < nvoc; v += 32) {
       const float logit = L[r * nvoc + v] + fcs[r * nvoc + v];
       if (a.logits) a.logits[int64_t(b0 + r) * a.V + v0 + v] = logit;
-      const unsigned long long k = argmax_key(logit, v0 + v);
-      best = k > best ? k : best;
+      if constexpr (kPick) {
+        const unsigned long long k = argmax_key(logit, v0 + v);
+        best = k > best ? k : best;
+      }
     }
+    if constexpr (!kPick) continue;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
       const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
@@ -288,6 +300,11 @@ __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int
     default: CALL(8); break;      \
   }
 
+// kPick false: one teacher-forced step (T = 1, toks null: LabSeq2Seq.step_fused) without the argmax. After the
+// first barrier every read of ctx is over, so each block writes its units of h_t into h_out and the launch ends after
+// phase B: no second barrier, no token decode (1.8 us of the 22 us one-step launch at batch 1 on the H100). A
+// template, not a flag: with a run-time flag the decode's own code came out slower (243 -> 249 us at batch 1).
+template <bool kPick>
 __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a) {
   extern __shared__ __align__(16) float smem[];
   const int B = a.B, H = a.H, Hp = a.Hp, K = a.Ep + a.Hp, tid = threadIdx.x;
@@ -404,17 +421,25 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
       }
     }
     grid.sync();  // every unit of h_t is written
+    if constexpr (!kPick) {
+      if (a.h_out && has_units) {
+        const int nu = imin(a.U, H - j0);
+        for (int i = tid; i < B * nu; i += kThreads)
+          a.h_out[int64_t(i / nu) * a.ld_hout + j0 + i % nu] = __ldcg(hnext + int64_t(i / nu) * Hp + j0 + i % nu);
+      }
+    }
 #ifdef LAB_SM90A
     if (t == 0) lab::mbar_wait(bar_b, 0);  // fc_out's rows have landed
 #endif
     if (has_rows) {
       unsigned long long* keys = a.keys + (t & 1) * B;
       for (int b0 = 0; b0 < B; b0 += tbl.bt) {
-#define LAB_PHASE_B(TB) phase_b<TB>(a, tbl, b0, hnext, keys, wfc_s, ldf, stage, fcs, tok_s)
+#define LAB_PHASE_B(TB) phase_b<TB, kPick>(a, tbl, b0, hnext, keys, wfc_s, ldf, stage, fcs, tok_s)
         LAB_TB_DISPATCH(tbl.tb, LAB_PHASE_B)
 #undef LAB_PHASE_B
       }
     }
+    if constexpr (!kPick) return;
   }
 }
 #undef LAB_TB_DISPATCH
@@ -442,11 +467,18 @@ inline GreedyPlan plan(int B, int H, int E, int V) {
   p.smem = int(smem > (int64_t(1) << 30) ? (int64_t(1) << 30) : smem);
   if (B > kMaxBatch) return p.status = 1, p;
   if ((p.status = cooperative_device(&p.optin)) != 0) return p;
-  cudaFuncAttributes fa{};  // the kernel's static shared memory (mbarriers, cooperative groups) counts too
-  if (cudaFuncGetAttributes(&fa, reinterpret_cast<const void*>(greedy_kernel)) != cudaSuccess) return p.status = 5, p;
-  if (p.U > kThreads || rows_b / 3 > kThreads || smem + int64_t(fa.sharedSizeBytes) > p.optin) return p.status = 2, p;
-  if (coresident_blocks(reinterpret_cast<const void*>(greedy_kernel), p.smem, &p.coresident) != 0)
-    return p.status = 5, p;
+  // Both instantiations (the decode's and the one step's) must fit: the smaller of their limits.
+  p.coresident = 1 << 30;
+  for (const void* k : {reinterpret_cast<const void*>(greedy_kernel<true>),
+                        reinterpret_cast<const void*>(greedy_kernel<false>)}) {
+    cudaFuncAttributes fa{};  // the kernel's static shared memory (mbarriers, cooperative groups) counts too
+    if (cudaFuncGetAttributes(&fa, k) != cudaSuccess) return p.status = 5, p;
+    if (p.U > kThreads || rows_b / 3 > kThreads || smem + int64_t(fa.sharedSizeBytes) > p.optin)
+      return p.status = 2, p;
+    int co = 0;
+    if (coresident_blocks(k, p.smem, &co) != 0) return p.status = 5, p;
+    p.coresident = imin(p.coresident, co);
+  }
   if (p.coresident < p.blocks) return p.status = 3, p;
   return p;
 }
@@ -464,8 +496,9 @@ int gru_greedy_plan(int B, int H, int E, int V, int* info) {
 
 // All float32, 16-byte aligned; Hp, Ep = H, E rounded up to 4: ctx (B, Hp) rows ld_ctx apart (a multiple of 4), emb
 // (V, Ep), w_hh (3H, Hp), w_fc (V, Ep + Hp), their pad columns zero. hbuf: (2, B, Hp) workspace, pad columns zero;
-// keys: 2 B of workspace; toks: (T, B) int64 out. tok_in (B) or nullptr (<sos>); logits (B, V) or nullptr; h_out
-// (B, H) rows ld_hout apart or nullptr (written only when the decode runs all T steps: eos = -1).
+// keys: 2 B of workspace; toks: (T, B) int64 out, or nullptr: one step (T = 1) without the pick. tok_in (B) or
+// nullptr (<sos>); logits (B, V) or nullptr; h_out (B, H) rows ld_hout apart or nullptr (written only when the decode
+// runs all T steps: eos = -1).
 cudaError_t gru_greedy(const float* ctx, const float* gi_ctx, const float* fc_ctx, const float* emb,
                        const float* gi_tab, const float* w_hh, const float* b_hh, const float* w_fc, float* hbuf,
                        unsigned long long* keys, int64_t* toks, const int64_t* tok_in, float* logits, float* h_out,
@@ -473,12 +506,15 @@ cudaError_t gru_greedy(const float* ctx, const float* gi_ctx, const float* fc_ct
                        cudaStream_t stream) {
   using namespace gru;
   if (B == 0 || T == 0) return cudaSuccess;
+  if (!toks && T != 1) return cudaErrorInvalidValue;  // (the binding passes null only for one step)
   const GreedyPlan p = plan(B, H, E, V);
   if (p.status != 0) return cudaErrorInvalidConfiguration;  // the binding checks the plan first, with a message
   const GreedyArgs a{ctx,  gi_ctx, fc_ctx, emb,    gi_tab, w_hh, b_hh, w_fc, hbuf, keys, toks, tok_in, logits,
                      h_out, ld_ctx, ld_hout, B, H, E, V, T, sos, eos, (H + 3) & ~3, (E + 3) & ~3, p.U, p.R};
   void* args[] = {const_cast<GreedyArgs*>(&a)};
-  return launch_cooperative(reinterpret_cast<const void*>(greedy_kernel), p.blocks, p.smem, stream, args);
+  const void* kernel = toks ? reinterpret_cast<const void*>(greedy_kernel<true>)
+                            : reinterpret_cast<const void*>(greedy_kernel<false>);
+  return launch_cooperative(kernel, p.blocks, p.smem, stream, args);
 }
 
 LAB_EXPORTS(LAB_EXPORT("gru_greedy_plan", gru_greedy_plan), LAB_EXPORT("gru_greedy", gru_greedy))

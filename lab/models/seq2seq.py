@@ -233,12 +233,11 @@ class LabSeq2Seq:
 
     def step_fused(self, st: DecoderState, tokens: torch.Tensor) -> torch.Tensor:
         """One teacher-forced decoder step in one call: the one-launch decoder (cuda_src/gru/greedy.cu) run for one
-        step from the given tokens, writing st.logits and st.h in place (on the CPU: cpp_src/gru/cpu.cpp's loop).
+        step from the given tokens, without the next token's pick (tokens=None: no argmax, one grid barrier), writing
+        st.logits and st.h in place (on the CPU: cpp_src/gru/cpu.cpp's loop).
         st.xh's embedding half is not refreshed (nothing after a step reads it). Returns st.logits."""
-        B = st.h.shape[0]
-        toks = torch.empty(1, B, dtype=torch.long, device=st.h.device)    # the step's argmax (unused here)
         kgru.ext().greedy_decode(st.h, st.gi_ctx, st.fc_ctx, self.dec_emb, self.gi_table, self.w_hh, self.b_hh,
-                                 self.w_fc_eh, self.cfg.sos, -1, toks, tokens, st.logits, st.h)
+                                 self.w_fc_eh, self.cfg.sos, -1, None, tokens, st.logits, st.h)   # no pick
         return st.logits
 
     def decoder_step(self, tokens, hidden, context, fused: bool = False):
