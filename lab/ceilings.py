@@ -112,6 +112,21 @@ def fma_peak_tflops(device="cuda", iters: int = 4096) -> float:
     return flops / (t.median_us * 1e-6) / 1e12
 
 
+def smem_fill(bytes_per_block: int, blocks: int | None = None, device="cuda", graph: bool = True):
+    """Timing of the shared-memory fill probe (cuda_src/harness/smem_fill.cu): `blocks` blocks (default one an SM)
+    each pull bytes_per_block bytes (rounded up to 16) of random data from HBM into shared memory and end, timed like
+    every row (graph replay by default, the L2 flushed before each repetition): the floor under a launch that must
+    bring that much onto each SM before it can finish. Returns the lab.timing.Timing."""
+    device = torch.device(device)
+    blocks = blocks or torch.cuda.get_device_properties(device).multi_processor_count
+    nbytes = -(-int(bytes_per_block) // 16) * 16
+    g = torch.Generator(device=device).manual_seed(0)
+    src = torch.randint(0, 256, (blocks * nbytes,), dtype=torch.uint8, device=device, generator=g)  # (blocks*bytes,)
+    sink = torch.empty(blocks, 4, dtype=torch.int32, device=device)                              # (blocks, 4)
+    ext = build.load("harness", verbose=False)
+    return time_fn(lambda: ext.smem_fill(src, blocks, nbytes, sink), device, graph=graph)
+
+
 def peak_for(ceil: dict, dtype: torch.dtype, precision: str | None, kind: str | None = "gemm") -> float | None:
     """The compute ceiling a version is held against: cuBLAS at its precision (TF32 versions against the TF32
     rate) for kind 'gemm', the FP32 FMA probe for 'fma' (SIMT kernels; none for float64), none for memory-bound ops."""

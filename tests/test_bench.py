@@ -69,6 +69,43 @@ def test_fma_peak_probe_runs():
     assert ceilings.fma_peak_tflops() > 0
 
 
+@pytest.mark.parametrize("args, message", [
+    (dict(bytes_per_block=40), r"bytes_per_block must be a positive multiple of 16 .*got 40"),
+    (dict(blocks=0), r"blocks must be at least 1, got 0"),
+    (dict(src=torch.zeros(100, dtype=torch.uint8)), r"src must hold blocks \* bytes_per_block = 128 bytes, got 100"),
+    (dict(src=torch.zeros(128)), r"src must be Byte, got Float"),
+    (dict(sink=torch.zeros(2, 3, dtype=torch.int32)), r"sink must have shape \(blocks, 4\)"),
+])
+def test_smem_fill_probe_checks_its_input(args, message):
+    from lab import build
+    a = {**dict(src=torch.zeros(128, dtype=torch.uint8), blocks=2, bytes_per_block=64,
+                sink=torch.zeros(2, 4, dtype=torch.int32)), **args}
+    with pytest.raises((ValueError, TypeError), match=message):
+        build.load("harness", verbose=False).smem_fill(a["src"], a["blocks"], a["bytes_per_block"], a["sink"])
+
+
+def test_smem_fill_probe_wants_cuda_tensors():
+    from lab import build
+    if torch.cuda.is_available():
+        pytest.skip("the CPU-tensor message is checked where there is no GPU")
+    with pytest.raises(ValueError, match=r"smem_fill: src and sink must be CUDA tensors, got cpu and cpu"):
+        build.load("harness", verbose=False).smem_fill(torch.zeros(128, dtype=torch.uint8), 2, 64,
+                                                      torch.zeros(2, 4, dtype=torch.int32))
+
+
+@needs_gpu
+@pytest.mark.parametrize("blocks, nbytes", [(1, 16), (3, 48), (132, 160 * 1024 + 16), (7, 32768 * 3 + 4096)])
+def test_smem_fill_probe_lands_every_block(blocks, nbytes):
+    # each block reads its slice's last 16 bytes back from shared memory: they must be the source's
+    from lab import build
+    src = torch.randint(0, 256, (blocks * nbytes,), dtype=torch.uint8, device="cuda")             # (blocks*nbytes,)
+    sink = torch.full((blocks, 4), -1, dtype=torch.int32, device="cuda")                             # (blocks, 4)
+    build.load("harness", verbose=False).smem_fill(src, blocks, nbytes, sink)
+    want = src.view(blocks, nbytes)[:, -16:].contiguous().view(torch.int32)                         # (blocks, 4)
+    assert torch.equal(sink, want)
+    assert ceilings.smem_fill(nbytes, blocks).median_us > 0
+
+
 @needs_gpu
 def test_a_call_that_waits_for_the_gpu_is_told_apart_and_timed_in_series():
     a = torch.randn(1 << 10, device="cuda")                         # (1024,)
