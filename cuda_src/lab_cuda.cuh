@@ -37,4 +37,30 @@ inline unsigned grid_stride_blocks(int64_t items, int block, int blocks_per_sm =
   return unsigned(g > 0 ? g : 1);
 }
 
+// ---- Programmatic dependent launch (sm_90+; gru: proj.cu -> v3/v4, kron: the backward's kernel chain) ----------
+// A kernel launched with programmatic stream serialization (pdl_attribute) may start while the kernel before it in
+// the stream still runs, once every block of that kernel has executed pdl_launch_dependents (or exited). Before
+// pdl_wait returns, the dependent may read only what was written before that earlier kernel started; after, the
+// earlier grid has finished and its writes are visible. Both are no-ops before sm_90 and in a plain launch.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// The launch attribute that makes a launch programmatic (cudaLaunchKernelEx / cudaLaunchKernelExC; stream capture
+// records it as a programmatic edge of the graph), and whether this device has it (sm_90+).
+inline cudaLaunchAttribute pdl_attribute() {
+  cudaLaunchAttribute a = {};
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+  return a;
+}
+inline bool has_pdl() { return device_attr<cudaDevAttrComputeCapabilityMajor>(0) >= 9; }
+
 }  // namespace lab

@@ -38,12 +38,10 @@ inline int coresident_blocks(const void* kernel, int smem, int* coresident) {
 // so every older write in the stream is complete before either starts. Before sm_90 the launch is a plain one.
 inline cudaError_t launch_cooperative(const void* kernel, int blocks, int smem, cudaStream_t stream, void** args,
                                       bool early = false) {
-  early = early && lab::device_attr<cudaDevAttrComputeCapabilityMajor>(0) >= 9;
-  cudaLaunchAttribute attr[2];
+  early = early && lab::has_pdl();
+  cudaLaunchAttribute attr[2] = {{}, lab::pdl_attribute()};
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(kThreads);

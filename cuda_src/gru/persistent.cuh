@@ -60,11 +60,7 @@ __device__ __forceinline__ void slice_arrive(int* counter) {
 // Programmatic dependent launch (cooperative.cuh, launch_cooperative's early): the kernel launched before this one
 // in the stream has finished and its writes are visible once this returns; a no-op when the launch was not early.
 // Before it, a kernel may read only what was written before that earlier kernel started.
-__device__ __forceinline__ void wait_for_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void wait_for_prior_grid() { lab::pdl_wait(); }
 
 // The tagged exchange (v3/v4, issue 14's cheaper exchange): h_t travels as 64-bit words, the value's fp32 bits in the
 // low half and t + 1 in the high half, written with one relaxed 64-bit store (single-copy atomic: a reader sees the

@@ -85,11 +85,9 @@ __global__ void __launch_bounds__(kPThreads) proj_kernel(const T* __restrict__ x
   extern __shared__ float4 proj_smem4[];
   T* tiles = reinterpret_cast<T*>(proj_smem4);  // [kPStages][kPM rows of x, then kPN rows of W][ld]
   const int tid = threadIdx.x;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The persistent kernel launched after this one (early: cooperative.cuh) may start now, on the SMs this grid leaves
   // free, and load its weights; it reads out and zero only after this grid has finished (griddepcontrol.wait).
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  lab::pdl_launch_dependents();
   for (int64_t i = int64_t(blockIdx.x) * kPThreads + tid; i < nzero; i += int64_t(gridDim.x) * kPThreads) zero[i] = 0;
 
   const int tiles_n = max(1, int(lab::ceil_div(N, kPN)));

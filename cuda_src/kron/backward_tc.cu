@@ -189,10 +189,8 @@ template <int MODE, class TL> constexpr int smem_bytes() {
 // next kernel's grid launch: that grid's blocks take the SMs this one leaves idle and wait here in turn, so a launch's
 // latency hides behind the previous kernel's tail. Before sm_90: nothing (a plain launch).
 __device__ __forceinline__ void wait_then_release_next() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  lab::pdl_wait();
+  lab::pdl_launch_dependents();
 }
 
 template <int MODE, class TL>
@@ -424,16 +422,14 @@ inline StepPlan plan_dw(long depth, int f, int sms) {
 template <class Args>
 cudaError_t launch_pdl(void (*kernel)(Args), dim3 grid, int threads, int smem, cudaStream_t s, const Args& args,
                        bool pdl) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[1] = {lab::pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(unsigned(threads));
   cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl && lab::device_attr<cudaDevAttrComputeCapabilityMajor>(0) >= 9 ? 1 : 0;
+  cfg.numAttrs = pdl && lab::has_pdl() ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, args);
 }
 
