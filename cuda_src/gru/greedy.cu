@@ -40,10 +40,17 @@
 //   Tried, not kept: unpadded slices, W_hh gate-major, so four bulk copies move a block's weights instead of 57 from
 //            one warp (%globaltimer stamps showed that warp ~3 us late into phase A). The one-step launch gained
 //            0.3 us, the 30-step decode lost 8% (243 -> 263 us at batch 1): the padding's bank spread pays every step.
+//   Tried on the one-step launch, not kept (same-run A/B, graph, L2 flushed): phase B waiting for fc_out's rows after
+//            staging [emb | h] (0.5 us slower at batch 1); the step's small reads (tokens, h, gate inputs, fc_ctx,
+//            emb[tok]) prefetched to L2 before fc_out's copies are issued, so they would not queue behind its 18 MB
+//            (1.3 us slower at batch 1, 8 us at batch 8, 16 us at batch 16: the copies start later).
 // The one-step launch's floor: 132 blocks pulling 160 KB each (21 MB) into shared memory take 14.1 us from an idle
 // GPU, launch included (an empty launch: 3.0 us), after the lab's write flush, whose dirty L2 lines are written back
 // as the weights evict them; 10.8 us after a read flush (bulk copies, cp.async and plain loads alike, within 1.5 us;
-// a dev microbenchmark on the H100). So the weights alone take ~11 us of the step at batch 1.
+// a dev microbenchmark on the H100). So the weights alone take ~11 us of the step at batch 1. Inside the step
+// (%globaltimer stamps, L2 flushed, batch 1) fc_out's rows had landed ~15 us after the blocks started, the cell and
+// the grid barrier long done (~14.5 us), and phase B ended ~19 us in: the rows land later than in the fill alone,
+// and phase B's L2 round trips (A's staging, fc_ctx, the logits) follow them.
 // What bounds it (ncu, notebook 04): at batch 1 the blocks wait (barrier stalls lead): two grid barriers a step and
 // a chain of dependent L2 round trips; at batch 128 fc_out's tile, 8 warps an SM at ~250 registers, stalls on
 // fixed-latency FMA dependences and shared-memory operand loads with the FP32 pipe far from busy.
