@@ -289,13 +289,14 @@ __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int
         best = k > best ? k : best;
       }
     }
-    if constexpr (!kPick) continue;
+    if constexpr (kPick) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
-      best = o > best ? o : best;
+      for (int off = 16; off > 0; off >>= 1) {
+        const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
+        best = o > best ? o : best;
+      }
+      if (lane == 0) atomicMax(keys + b0 + r, best);
     }
-    if (lane == 0) atomicMax(keys + b0 + r, best);
   }
 }
 
