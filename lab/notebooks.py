@@ -34,12 +34,24 @@ def new(path: Path | str, cells: list[tuple[str, str]]) -> Path:
     return path
 
 
-def show_source(path: str, start: str | None = None, end: str | None = None) -> None:
-    """Print a kernel source from disk (or the part between the lines containing `start` and `end`)."""
+def source_span(path: str, start: str | None = None, end: str | None = None) -> tuple[list[str], int, int]:
+    """(lines of the file, i0, i1): the first line containing `start` (else the first line) through the next line
+    after it containing `end` (else the last line). A marker that is given and not found raises ValueError: an
+    excerpt whose function was renamed must fail, not quietly print the file's head."""
     p = env.ROOT / path
     lines = p.read_text().splitlines()
-    i0 = next((i for i, ln in enumerate(lines) if start in ln), 0) if start else 0
-    i1 = next((i for i, ln in enumerate(lines) if i > i0 and end in ln), len(lines) - 1) if end else len(lines) - 1
+    i0 = next((i for i, ln in enumerate(lines) if start in ln), None) if start else 0
+    if i0 is None:
+        raise ValueError(f"show_source: no line of {path} contains {start!r}")
+    i1 = next((i for i, ln in enumerate(lines) if i > i0 and end in ln), None) if end else len(lines) - 1
+    if i1 is None:
+        raise ValueError(f"show_source: no line of {path} after line {i0 + 1} contains {end!r}")
+    return lines, i0, i1
+
+
+def show_source(path: str, start: str | None = None, end: str | None = None) -> None:
+    """Print a kernel source from disk (or the part between the lines containing `start` and `end`)."""
+    lines, i0, i1 = source_span(path, start, end)
     print(f"// {path}, lines {i0 + 1}-{i1 + 1}")
     for i in range(i0, i1 + 1):
         print(f"{i + 1:4d}  {lines[i]}")

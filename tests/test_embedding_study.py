@@ -121,30 +121,3 @@ def test_check_cost_times_both_settings(monkeypatch):
     rows = S.check_cost("cpu", versions=("cpu",), tokens=64, dim=8, vocab=20)
     assert [(r["op"], r["version"]) for r in rows] == [("forward", "cpu"), ("backward", "cpu")]
     assert len(calls) == 4 and all(r["checked_us"] < r["unchecked_us"] for r in rows)
-
-
-def test_notebook_source_excerpts_find_their_markers():
-    # notebooks.show_source prints from the file's start when a marker is missing: an edit of a kernel's comments must
-    # not silently turn notebook 09's excerpts into the wrong lines
-    import ast
-    import json
-
-    from lab import env
-    nb = json.loads((env.ROOT / "notebooks" / "09_embedding.ipynb").read_text())
-    calls = []
-    for c in nb["cells"]:
-        if c["cell_type"] != "code":
-            continue
-        for node in ast.walk(ast.parse("".join(c["source"]))):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "show_source":
-                args = [ast.literal_eval(a) for a in node.args]
-                kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-                calls.append((args[0], args[1] if len(args) > 1 else kw.get("start"),
-                              args[2] if len(args) > 2 else kw.get("end")))
-    assert len(calls) >= 10
-    for path, start, end in calls:
-        lines = (env.ROOT / path).read_text().splitlines()
-        i0 = next((i for i, ln in enumerate(lines) if start in ln), None) if start else 0
-        assert i0 is not None, f"{path}: no line contains {start!r}"
-        if end:
-            assert any(end in ln for ln in lines[i0 + 1:]), f"{path}: no line after {start!r} contains {end!r}"
