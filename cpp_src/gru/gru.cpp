@@ -701,11 +701,11 @@ void decoder_prep(const std::optional<at::Tensor>& logits, const std::optional<a
 // CUDA: one cooperative launch (cuda_src/gru/greedy.cu), float32; CPU: cpp_src/gru/cpu.cpp's loop, float32/float64.
 #ifdef LAB_WITH_CUDA
 // greedy.cu's info[] order
-constexpr int kGreedyInfo = 14;
+constexpr int kGreedyInfo = 16;
 static const char* kGreedyInfoNames[kGreedyInfo] = {
     "blocks", "units_per_block", "rows_per_block", "smem_bytes", "smem_optin", "max_coresident",
     "a_rows_per_thread", "a_k_lanes", "a_batch_tile", "a_k_chunk", "b_rows_per_thread", "b_k_lanes", "b_batch_tile",
-    "b_k_chunk"};
+    "b_k_chunk", "a_weight_rows_per_thread", "b_weight_rows_per_thread"};
 
 std::string greedy_plan_error(int status, const int* info, int64_t B, int64_t H, int64_t E, int64_t V) {
   std::string o = lab::cat("the one-launch greedy decoder cannot run batch ", B, ", hidden ", H, ", emb ", E,
@@ -962,7 +962,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "teacher-forced step from tokens_in into logits, no pick)");
   m.def("greedy_plan", lab::bind(greedy_plan),
         "greedy_plan(batch, hidden, emb_dim, vocab) -> {status, reason, blocks, units_per_block, rows_per_block, "
-        "smem_bytes, smem_optin, max_coresident, a_/b_rows_per_thread, a_/b_k_lanes, a_/b_batch_tile, a_/b_k_chunk}");
+        "smem_bytes, smem_optin, max_coresident, a_/b_rows_per_thread (batch rows), a_/b_k_lanes, a_/b_batch_tile, "
+        "a_/b_k_chunk, a_/b_weight_rows_per_thread}");
   m.def("input_projection", lab::bind(input_projection),
         "input_projection(x, w, out, zero|None) -> out: x (M, K) @ w (N, K)^T in fp32 by proj.cu (zero: int32, set "
         "to 0 in the same launch)");

@@ -37,6 +37,23 @@
 //            the launch (the one-step launch of LabSeq2Seq.step_fused depends on it most).
 //   greedy_kernel<false>  the one-step launch without the pick (no argmax, no second barrier, h_out written after
 //            the first): 22.1 -> 19.8 us at batch 1, 33.7 -> 31.1 at batch 8 (graph, L2 flushed; the decode unchanged).
+//   wide tiles (batch >= 32; make_tile, tile_gemm, phase_a, phase_b). Same-run A/B on the H100, whole decodes of 30
+//            tokens, default model, graph, L2 flushed, us (two rounds agreed within 1%):
+//                                                              batch  1     8     32    64    128
+//              before (narrow tiles at every batch)                   318   684   1686  2197  3234
+//              w1: 8 x 6 tiles (S = 2 at 128), row groups first,      323   688   1154  1968  3042
+//                  rotated chunk order
+//              + ring of 3, fc_ctx in the accumulators, two threads   320   684   1182  1858  3027  <- this file
+//                a row pick, gates over the S lanes
+//              the same with a ring of 2                              320   684   1195  1810  3069
+//            8 x 12 tiles (S = 4) lost to 8 x 6 at 32 and 128 (1351 / 3542 against 1259 / 3155 us, an earlier ring with
+//            64- and 36-column chunks); the rotated order alone bought ~1% at 128. Tokens equal to the reference in
+//            every run. The one-step launch (LabSeq2Seq.step_fused): 62.7 -> 47.2 us at batch 32, 73.9 -> 68.2 at 64,
+//            but 101.6 -> 104.4 at 128 (slower). clock64 stamps of a dev build at batch 128 (w1's tiles, before the
+//            ring) had a block's thread 0 ~52% of the decode in the products' FMA loops, ~23% waiting at chunk
+//            barriers, ~11% in the one-warp-a-row pick and ~8% in phase A outside the product (gathers, gates); the
+//            ring (two chunks in flight) did not shorten the decode at 128 beyond the pick and gates' share, so those
+//            waits are not the bytes in flight alone (not profiled further).
 //   Tried, not kept: unpadded slices, W_hh gate-major, so four bulk copies move a block's weights instead of 57 from
 //            one warp (%globaltimer stamps showed that warp ~3 us late into phase A). The one-step launch gained
 //            0.3 us, the 30-step decode lost 8% (243 -> 263 us at batch 1): the padding's bank spread pays every step.
@@ -91,34 +108,103 @@ struct GreedyArgs {
   int B, H, E, V, T, sos, eos;
   int Hp, Ep;
   int U, R;             // hidden units and vocabulary rows a block
+  int sw;               // the wide launch's staging buffer, floats (the plan's; unused by the narrow one)
 };
 
 // The shape of one phase's tile GEMM over the block's `rows` weight rows and BT batch rows at a time.
 struct Tile {
   int bt;  // batch rows a tile
-  int tb;  // batch rows a thread (1, 2, 4, 8): TB x 3 accumulators
+  int tb;  // batch rows a thread (1, 2, 4, 8)
+  int nr;  // weight rows a thread (3: one unit's r, z, n in phase A; 3 or kWideNR in phase B): TB x NR accumulators
   int nb;  // thread groups along the batch, ceil(bt / tb)
-  int nv;  // thread groups along the rows, ceil(rows / 3)
+  int nv;  // thread groups along the rows, ceil(rows / nr)
   int s;   // lanes that split K (a power of two <= 32; 1 once the pairs fill the block)
-  int kc;  // columns a staged chunk (a multiple of 4; bt x (kc + 4) <= kStage)
+  int kc;  // columns a staged chunk (a multiple of 4; bt x (kc + 4) <= sw)
+  int sw;  // floats a staging buffer: kStage (narrow: two buffers), the plan's (wide: a ring of kWideStages)
+  bool vfast;  // thread groups numbered row group first (the wide tiles) rather than batch group first
 };
 
 __host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
 __host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
 
-__host__ __device__ inline Tile make_tile(int B, int rows, int K) {
+// From batch kWideBatch up both phases take the wide tiles (greedy_kernel<kPick, true>; the header's record says
+// what each part bought): 8 batch rows a thread, up to kWideNR vocabulary rows a thread in phase B (3 in phase A: one
+// unit's gates), K split over the S lanes left, thread groups numbered row group first (group_of), K's chunks walked
+// from a different chunk in every block, the staging a ring of kWideStages buffers the plan sizes, fc_ctx in the
+// accumulators, two threads a row for the pick. Per k quad a thread loads TB + NR float4s for 4 TB NR FMAs: 8 x 6
+// (S = 2 at batch 128) runs 14 shared loads per 192 FMAs, the narrow 8 x 3 (S = 1) 11 per 96.
+constexpr int kWideBatch = 32, kWideNR = 6;
+constexpr bool kRotateChunks = true;
+constexpr int kWideStages = 3;  // the wide tiles' staging ring (tile_gemm)
+constexpr int kWideKC = 128;    // the most columns a wide chunk (the plan sizes it to the shared memory left)
+constexpr int kStaticReserve = 2048;  // bytes of a block's shared memory left to the kernel's static variables
+
+// Whether a tile of `rows` weight rows can be wide with NR rows a thread: rows >= NR (a thread's NR rows start at
+// most rows - NR: first_row) and every (batch group, row group) pair a thread of its own.
+__host__ __device__ inline bool wide_fits(int B, int rows, int nr) {
+  return rows >= nr && (imin(B, 128) + kMaxTB - 1) / kMaxTB * ((rows + nr - 1) / nr) <= kThreads;
+}
+// Both phases wide, or neither: the wide launch (greedy_kernel<kPick, true>) instantiates only the wide tiles.
+__host__ __device__ inline bool use_wide(int B, int rows_a, int rows_b) {
+  return B >= kWideBatch && wide_fits(B, rows_a, 3) && wide_fits(B, rows_b, 3);
+}
+
+__host__ __device__ inline Tile make_tile(int B, int rows, int K, int nr_max, bool wide, int sw) {
   Tile t;
-  t.nv = (rows + 2) / 3;
-  const int per = kThreads / t.nv;  // batch groups that fit beside the row groups (>= 1: the plan keeps nv <= 256)
-  t.bt = imin(B, imin(128, kMaxTB * per));
-  t.tb = 1;
-  while ((t.bt + t.tb - 1) / t.tb > per) t.tb *= 2;
+  t.sw = wide ? sw : kStage;
+  t.nr = 3;
+  t.vfast = wide;
+  if (wide)
+    for (int nr = nr_max; nr > 3; nr /= 2)
+      if (wide_fits(B, rows, nr)) {
+        t.nr = nr;
+        break;
+      }
+  t.nv = (rows + t.nr - 1) / t.nr;
+  if (t.vfast) {
+    t.bt = imin(B, 128);
+    t.tb = kMaxTB;
+  } else {
+    const int per = kThreads / t.nv;  // batch groups that fit beside the row groups (>= 1: the plan keeps nv <= 256)
+    t.bt = imin(B, imin(128, kMaxTB * per));
+    t.tb = 1;
+    while ((t.bt + t.tb - 1) / t.tb > per) t.tb *= 2;
+  }
   t.nb = (t.bt + t.tb - 1) / t.tb;
   t.s = 1;
   while (t.s < 32 && t.nb * t.nv * t.s * 2 <= kThreads) t.s *= 2;
-  t.kc = imin((K + 3) & ~3, (kStage / t.bt - 4) & ~3);
+  t.kc = imin((K + 3) & ~3, (t.sw / t.bt - 4) & ~3);
   return t;
 }
+
+// Thread group p's place in a tile: batch group bg (rows bg + nb i), row group vg (weight rows from NR vg), and
+// whether it owns outputs (the groups past nb nv repeat a valid one's loads and store nothing). vfast numbers the
+// row groups first: a warp then spans few batch groups and many row groups, so one LDS.128 of A is 1-2 distinct
+// rows (one wavefront) and one of W 8-16 (two).
+struct Group {
+  int bg, vg;
+  bool live;
+};
+template <bool kWide>
+__device__ __forceinline__ Group group_of(const Tile& tl, int p) {
+  Group g;
+  g.live = p < tl.nb * tl.nv;
+  if (kWide) {  // (tl.vfast)
+    g.bg = imin(p / tl.nv, tl.nb - 1);
+    g.vg = p % tl.nv;
+  } else {
+    g.bg = p % tl.nb;
+    g.vg = imin(p / tl.nb, tl.nv - 1);
+  }
+  return g;
+}
+// The first weight row of group vg: NR vg, or, in a wide tile, rows - NR for the last group where NR does not divide
+// rows (it then repeats rows of the group before it, which it does not store: owns_row). The narrow tiles have NR = 3
+// and rows a multiple of 3.
+template <int NR, bool kWide>
+__device__ __forceinline__ int first_row(int vg, int rows) { return kWide ? imin(NR * vg, rows - NR) : NR * vg; }
+template <int NR, bool kWide>
+__device__ __forceinline__ bool owns_row(int vg, int r) { return !kWide || r >= NR * vg; }
 
 using lab::cp_async_commit;
 using lab::cp_async_wait;
@@ -137,94 +223,140 @@ __device__ __forceinline__ int key_index(unsigned long long key) {
   return int(0xffffffffu - static_cast<unsigned>(key & 0xffffffffu));
 }
 
-// acc[i][c] = sum_k A[b0 + row_i][k] * Ws[3 vg + c][k], row_i = bg + nb i, k < K (a multiple of 4), reduced over
-// the thread's S lanes (every lane ends with the sums). src(b, k) is the address of A[b][k..k+3] (16-byte aligned):
-// A is staged chunk by chunk with cp.async.cg (L2, where the other SMs' h_t is; no registers, no L1), the next
-// chunk's copies in flight while this one multiplies. Ends with a __syncthreads(): the staging buffers are free.
-template <int TB, class SrcA>
-__device__ __forceinline__ void tile_gemm(const Tile& tl, int b0, int nrows, int K, const float* Ws, int ldw,
-                                          float* stage, const SrcA& src, float (&acc)[TB][3]) {
+// One staged chunk's products: acc[i][j] += A[row_i][4q..4q+3] . W[j][4q..4q+3] for the thread's quads q = s, s + S, ...
+// < nq. The tile's operands first, then four rounds of TB x NR independent FMAs (no chain within a round).
+template <int TB, int NR>
+__device__ __forceinline__ void chunk_fma(float (&acc)[TB][NR], const float* As, const int (&row)[TB], const float* w,
+                                          int ldw, int nq, int s, int S) {
+  for (int q = s; q < nq; q += S) {
+    float4 wv[NR], av[TB];
+#pragma unroll
+    for (int j = 0; j < NR; ++j) wv[j] = *reinterpret_cast<const float4*>(w + j * ldw + 4 * q);
+#pragma unroll
+    for (int i = 0; i < TB; ++i) av[i] = *reinterpret_cast<const float4*>(As + row[i] + 4 * q);
+#pragma unroll
+    for (int i = 0; i < TB; ++i)
+#pragma unroll
+      for (int j = 0; j < NR; ++j) acc[i][j] = fmaf(av[i].x, wv[j].x, acc[i][j]);
+#pragma unroll
+    for (int i = 0; i < TB; ++i)
+#pragma unroll
+      for (int j = 0; j < NR; ++j) acc[i][j] = fmaf(av[i].y, wv[j].y, acc[i][j]);
+#pragma unroll
+    for (int i = 0; i < TB; ++i)
+#pragma unroll
+      for (int j = 0; j < NR; ++j) acc[i][j] = fmaf(av[i].z, wv[j].z, acc[i][j]);
+#pragma unroll
+    for (int i = 0; i < TB; ++i)
+#pragma unroll
+      for (int j = 0; j < NR; ++j) acc[i][j] = fmaf(av[i].w, wv[j].w, acc[i][j]);
+  }
+}
+
+// acc[i][c] = init(i, c) + sum_k A[b0 + row_i][k] * Ws[first_row(vg) + c][k], row_i = bg + nb i, k < K (a multiple of
+// 4), reduced over the thread's S lanes (every lane ends with the sums; init only in the wide tiles, where lane 0's
+// init counts once: the others' must be 0). src(b, k) is the address of A[b][k..k+3] (16-byte aligned): A is staged
+// chunk by chunk with cp.async.cg (L2, where the other SMs' h_t is; no registers, no L1), later chunks' copies in
+// flight while one multiplies. Ends with a __syncthreads(): the staging buffers are free.
+//   narrow: two buffers of kStage floats, one chunk in flight behind the one multiplied (two barriers a chunk).
+//   wide:   a ring of kWideStages buffers of tl.sw floats (the plan sizes them to the shared memory the weights leave),
+//           kWideStages - 1 chunks in flight, one barrier a chunk. At batch 128 (default model, 132 SMs) a step
+//           stages 128 x 768 floats of [emb | h] and 128 x 512 of h into every SM; %globaltimer/clock64 stamps in a
+//           dev build had thread 0 waiting on chunks for a quarter of the decode with one 18 KB chunk in flight.
+template <int TB, int NR, bool kWide, class SrcA, class Init>
+__device__ __forceinline__ void tile_gemm(const Tile& tl, int b0, int nrows, int rows, int K, const float* Ws, int ldw,
+                                          float* stage, const SrcA& src, const Init& init, float (&acc)[TB][NR]) {
   const int tid = threadIdx.x, S = tl.s, kc = tl.kc, lda = kc + 4;
-  const int p = tid / S, s = tid % S;
-  const int bg = p % tl.nb, vg = imin(p / tl.nb, tl.nv - 1);  // idle threads (p >= nb nv) run on a valid row
+  const int s = tid % S;
+  const Group g = group_of<kWide>(tl, tid / S);
   int row[TB];
 #pragma unroll
-  for (int i = 0; i < TB; ++i) row[i] = imin(bg + tl.nb * i, nrows - 1) * lda;
-  const float* w0 = Ws + (3 * vg) * ldw;
+  for (int i = 0; i < TB; ++i) row[i] = imin(g.bg + tl.nb * i, nrows - 1) * lda;
+  const float* w0 = Ws + first_row<NR, kWide>(g.vg, rows) * ldw;
 #pragma unroll
-  for (int i = 0; i < TB; ++i) acc[i][0] = acc[i][1] = acc[i][2] = 0.f;
+  for (int i = 0; i < TB; ++i)
+#pragma unroll
+    for (int c = 0; c < NR; ++c) acc[i][c] = kWide ? init(i, c) : 0.f;
 
   const int nchunks = (K + kc - 1) / kc;
-  auto issue = [&](int c) {  // chunk c: rows [0, nrows) x columns [c kc, c kc + kc) of A into stage[c & 1]
-    const int k0 = c * kc, nq = imin(kc, K - k0) >> 2;
-    float* buf = stage + (c & 1) * kStage;
+  // kWide: block g walks K's chunks from chunk g mod nchunks, so the 132 blocks do not all ask L2 for the same lines
+  constexpr bool kRot = kWide && kRotateChunks;
+  const int rot = kRot ? int(blockIdx.x % unsigned(nchunks)) : 0;
+  auto chunk = [&](int c) { return kRot ? (c + rot < nchunks ? c + rot : c + rot - nchunks) : c; };
+  auto copy = [&](int c, float* buf) {  // chunk c: rows [0, nrows) x columns [c' kc, c' kc + kc) of A into buf
+    const int k0 = chunk(c) * kc, nq = imin(kc, K - k0) >> 2;
     for (int i = tid; i < nrows * nq; i += kThreads) {
       const int r = i / nq, q = i - r * nq;
       lab::cp_async16(smem_u32(buf + r * lda + 4 * q), src(b0 + r, k0 + 4 * q), 16);  // .cg: L2, coherent
     }
-    cp_async_commit();
   };
   __syncthreads();  // the caller's last use of the staging buffers is over
-  issue(0);
-  for (int c = 0; c < nchunks; ++c) {
-    if (c + 1 < nchunks) {
-      issue(c + 1);  // into the buffer chunk c - 1 used: every thread passed the barrier after reading it
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+  if constexpr (kWide) {
+    constexpr int NS = kWideStages;
+    const int sw = tl.sw;
+#pragma unroll
+    for (int c = 0; c < NS - 1; ++c) {  // one commit group a chunk, empty past the end: the count stays uniform
+      if (c < nchunks) copy(c, stage + c * sw);
+      cp_async_commit();
     }
-    __syncthreads();  // chunk c is in shared memory, every thread's copies
-    const int k0 = c * kc, nq = imin(kc, K - k0) >> 2;
-    const float* As = stage + (c & 1) * kStage;
-    const float* w = w0 + k0;
-    for (int q = s; q < nq; q += S) {
-      // the tile's operands first, then four rounds of TB x 3 independent FMAs (no chain within a round)
-      float4 wv[3], av[TB];
-#pragma unroll
-      for (int j = 0; j < 3; ++j) wv[j] = *reinterpret_cast<const float4*>(w + j * ldw + 4 * q);
-#pragma unroll
-      for (int i = 0; i < TB; ++i) av[i] = *reinterpret_cast<const float4*>(As + row[i] + 4 * q);
-#pragma unroll
-      for (int i = 0; i < TB; ++i)
-#pragma unroll
-        for (int j = 0; j < 3; ++j) acc[i][j] = fmaf(av[i].x, wv[j].x, acc[i][j]);
-#pragma unroll
-      for (int i = 0; i < TB; ++i)
-#pragma unroll
-        for (int j = 0; j < 3; ++j) acc[i][j] = fmaf(av[i].y, wv[j].y, acc[i][j]);
-#pragma unroll
-      for (int i = 0; i < TB; ++i)
-#pragma unroll
-        for (int j = 0; j < 3; ++j) acc[i][j] = fmaf(av[i].z, wv[j].z, acc[i][j]);
-#pragma unroll
-      for (int i = 0; i < TB; ++i)
-#pragma unroll
-        for (int j = 0; j < 3; ++j) acc[i][j] = fmaf(av[i].w, wv[j].w, acc[i][j]);
+    int slot = 0;  // chunk c's buffer: c mod NS
+    for (int c = 0; c < nchunks; ++c) {
+      cp_async_wait<NS - 2>();  // chunk c has landed (this thread's copies) ...
+      __syncthreads();          // ... everyone's; and chunk c - 1's buffer, refilled next, is read
+      const int refill = slot == 0 ? NS - 1 : slot - 1;
+      if (c + NS - 1 < nchunks) copy(c + NS - 1, stage + refill * sw);
+      cp_async_commit();
+      const int k0 = chunk(c) * kc;
+      chunk_fma<TB, NR>(acc, stage + slot * sw, row, w0 + k0, ldw, imin(kc, K - k0) >> 2, s, S);
+      slot = slot + 1 == NS ? 0 : slot + 1;
     }
-    __syncthreads();  // every thread is done with stage[c & 1] before chunk c + 2 is copied into it
+    cp_async_wait<0>();
+    __syncthreads();  // every thread is done with the ring
+  } else {
+    copy(0, stage);
+    cp_async_commit();
+    for (int c = 0; c < nchunks; ++c) {
+      if (c + 1 < nchunks) {
+        copy(c + 1, stage + ((c + 1) & 1) * kStage);  // into the buffer chunk c - 1 used: every thread passed the
+        cp_async_commit();                             // barrier after reading it
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // chunk c is in shared memory, every thread's copies
+      const int k0 = chunk(c) * kc;
+      chunk_fma<TB, NR>(acc, stage + (c & 1) * kStage, row, w0 + k0, ldw, imin(kc, K - k0) >> 2, s, S);
+      __syncthreads();  // every thread is done with stage[c & 1] before chunk c + 2 is copied into it
+    }
   }
   for (int off = S >> 1; off > 0; off >>= 1)
 #pragma unroll
     for (int i = 0; i < TB; ++i)
 #pragma unroll
-      for (int c = 0; c < 3; ++c) acc[i][c] += __shfl_xor_sync(0xffffffffu, acc[i][c], off);
+      for (int c = 0; c < NR; ++c) acc[i][c] += __shfl_xor_sync(0xffffffffu, acc[i][c], off);
 }
 
 // Phase A, one batch tile: gh = h_{t-1} W_hh^T for the block's units, then the gates; h_t into hbuf[t & 1]. The
 // gates' other inputs (the gathered input projection, h_{t-1}, b_hh) do not depend on the product: their loads are
-// issued before it, so their L2 latency hides behind the multiply.
-template <int TB>
+// issued before it, so their L2 latency hides behind the multiply. Narrow tiles: lane 0 of a group's S lanes applies
+// the gates to its TB rows; wide: lane s to rows i = s, s + S, ... (every lane holds the sums after tile_gemm), so
+// the gathers and the transcendentals are spread over the S lanes rather than left to one (stamps in a dev build: a
+// group's lane 0 alone spent ~7 k cycles a step on them at batch 128).
+template <int TB, bool kWide>
 __device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int b0, const float* hprev, int64_t ldp,
                                         float* hnext, const float* whh_s, int ldh, float* stage, const int* tok_s) {
   const int nrows = imin(tl.bt, a.B - b0), H = a.H, Hp = a.Hp;
-  const int p = threadIdx.x / tl.s;
-  const int bg = p % tl.nb, u = p / tl.nb, j = blockIdx.x * a.U + u;
-  const bool gates = threadIdx.x % tl.s == 0 && u < tl.nv && u < a.U && j < H;  // this thread applies the gates
+  const int s = threadIdx.x % tl.s;
+  const Group g = group_of<kWide>(tl, threadIdx.x / tl.s);
+  const int bg = g.bg, u = g.vg, j = blockIdx.x * a.U + u;
+  const bool gates = (kWide || s == 0) && g.live && u < a.U && j < H;  // this thread applies gates (to its rows)
+  auto mine = [&](int i) { return !kWide || i % tl.s == s; };         // row i is this lane's
   float gi[TB][3], hp[TB], bh[3] = {0.f, 0.f, 0.f};
   if (gates) {
     bh[0] = __ldg(a.b_hh + j), bh[1] = __ldg(a.b_hh + H + j), bh[2] = __ldg(a.b_hh + 2 * H + j);
 #pragma unroll
     for (int i = 0; i < TB; ++i) {
+      if (!mine(i)) continue;
       const int b = b0 + imin(bg + tl.nb * i, nrows - 1), tok = tok_s[b];
       const float* gt = a.gi_tab + int64_t(tok < 0 ? 0 : tok) * 3 * H;  // tok < 0: a poisoned row (NaN below)
       const float* gc = a.gi_ctx + int64_t(b) * 3 * H;
@@ -234,13 +366,16 @@ __device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int
       hp[i] = __ldcg(hprev + int64_t(b) * ldp + j);
     }
   }
-  float acc[TB][3];
-  tile_gemm<TB>(tl, b0, nrows, Hp, whh_s, ldh, stage, [&](int b, int k) { return hprev + int64_t(b) * ldp + k; }, acc);
+  float acc[TB][3];  // (one unit: nr = 3, and its rows start at 3u: rows_a = 3U)
+  tile_gemm<TB, 3, kWide>(tl, b0, nrows, 3 * a.U, Hp, whh_s, ldh, stage,
+                          [&](int b, int k) { return hprev + int64_t(b) * ldp + k; },
+                          [](int, int) { return 0.f; }, acc);
   if (!gates) return;
 #pragma unroll
   for (int i = 0; i < TB; ++i) {
     const int r = bg + tl.nb * i;
     if (r >= nrows) break;
+    if (!mine(i)) continue;
     const float rg = sigm(gi[i][0] + acc[i][0] + bh[0]), zg = sigm(gi[i][1] + acc[i][1] + bh[1]);
     const float ng = tanh_acc(gi[i][2] + rg * (acc[i][2] + bh[2]));
     hnext[int64_t(b0 + r) * Hp + j] = ng + zg * (hp[i] - ng);
@@ -248,33 +383,66 @@ __device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int
 }
 
 // Phase B, one batch tile: logits = [emb[tok] | h_t] W_fc^T + fc_ctx for the block's vocabulary rows, then each batch
-// row's best (value, index) over them, one warp a row, merged into keys with one atomicMax. The tile's fc_ctx is
-// copied into shared memory (cp.async, no registers: the accumulators need them) before the product, so its L2
-// latency hides behind the multiply.
-template <int TB, bool kPick>
+// row's best (value, index) over them, merged into keys with one atomicMax.
+//   narrow: the tile's fc_ctx is copied into shared memory (cp.async, no registers: the accumulators need them)
+//           before the product, so its L2 latency hides behind the multiply, and added to the logits after; one warp
+//           a row picks.
+//   wide:   each output's owner starts its accumulator at fc_ctx (loaded before the first chunk lands: no buffer,
+//           which leaves its shared memory to the staging ring), and two threads a row pick: one warp a row took
+//           ~10 k cycles a step at batch 128 (16 rows a warp, one after another, each a five-level shuffle chain).
+template <int TB, int NR, bool kWide, bool kPick>
 __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int b0, const float* hcur,
-                                        unsigned long long* keys, const float* wfc_s, int ldf, float* stage,
-                                        float* fcs, const int* tok_s) {
+                                        unsigned long long* keys, const float* wfc_s, int ldf, int rows_b,
+                                        float* stage, float* fcs, const int* tok_s) {
   const int nrows = imin(tl.bt, a.B - b0), Hp = a.Hp, Ep = a.Ep, K = Ep + Hp;
   const int v0 = blockIdx.x * a.R, nvoc = imin(a.R, a.V - v0);
-  const int p = threadIdx.x / tl.s;
-  const int bg = p % tl.nb, vg = p / tl.nb;
-  __syncthreads();  // the previous tile's argmax has read fcs
-  for (int i = threadIdx.x; i < nrows * nvoc; i += kThreads)
-    lab::cp_async4(smem_u32(fcs + i), a.fc_ctx + int64_t(b0 + i / nvoc) * a.V + v0 + i % nvoc, 4);  // read-only
-  float acc[TB][3];
-  tile_gemm<TB>(tl, b0, nrows, K, wfc_s, ldf, stage, [&](int b, int k) {
+  const Group g = group_of<kWide>(tl, threadIdx.x / tl.s);
+  const bool owner = threadIdx.x % tl.s == 0 && g.live;
+  const int v1 = first_row<NR, kWide>(g.vg, rows_b);
+  if constexpr (!kWide) {
+    __syncthreads();  // the previous tile's argmax has read fcs
+    for (int i = threadIdx.x; i < nrows * nvoc; i += kThreads)
+      lab::cp_async4(smem_u32(fcs + i), a.fc_ctx + int64_t(b0 + i / nvoc) * a.V + v0 + i % nvoc, 4);  // read-only
+  }
+  float acc[TB][NR];
+  tile_gemm<TB, NR, kWide>(tl, b0, nrows, rows_b, K, wfc_s, ldf, stage, [&](int b, int k) {
     return k < Ep ? a.emb + int64_t(imax(tok_s[b], 0)) * Ep + k : hcur + int64_t(b) * Hp + (k - Ep);
+  }, [&](int i, int c) {  // (wide only) fc_ctx for the outputs this thread stores, 0 elsewhere
+    const int r = g.bg + tl.nb * i, v = v1 + c;
+    return owner && r < nrows && v < nvoc && owns_row<NR, kWide>(g.vg, v)
+               ? __ldg(a.fc_ctx + int64_t(b0 + r) * a.V + v0 + v) : 0.f;
   }, acc);
-  float* L = stage;  // (nrows, nvoc) logits of this tile, without fc_ctx
-  if (threadIdx.x % tl.s == 0 && vg < tl.nv) {
+  float* L = stage;  // (nrows, nvoc) logits of this tile (narrow: without fc_ctx)
+  if (owner) {
 #pragma unroll
     for (int i = 0; i < TB; ++i) {
-      const int r = bg + tl.nb * i;
+      const int r = g.bg + tl.nb * i;
 #pragma unroll
-      for (int c = 0; c < 3; ++c)
-        if (r < nrows && 3 * vg + c < nvoc) L[r * nvoc + 3 * vg + c] = acc[i][c];
+      for (int c = 0; c < NR; ++c)
+        if (r < nrows && v1 + c < nvoc && owns_row<NR, kWide>(g.vg, v1 + c)) L[r * nvoc + v1 + c] = acc[i][c];
     }
+  }
+  if constexpr (kWide) {
+    __syncthreads();
+    // two threads a row: lanes 2r' and 2r'+1 take every other vocabulary row and meet with one shuffle
+    const unsigned pair = 3u << (threadIdx.x & 30u);
+    for (int r = threadIdx.x >> 1; r < nrows; r += kThreads / 2) {
+      unsigned long long best = 0;
+      for (int v = threadIdx.x & 1; v < nvoc; v += 2) {
+        const float logit = L[r * nvoc + v];
+        if (a.logits) a.logits[int64_t(b0 + r) * a.V + v0 + v] = logit;
+        if constexpr (kPick) {
+          const unsigned long long k = argmax_key(logit, v0 + v);
+          best = k > best ? k : best;
+        }
+      }
+      if constexpr (kPick) {
+        const unsigned long long o = __shfl_xor_sync(pair, best, 1);
+        best = o > best ? o : best;
+        if ((threadIdx.x & 1) == 0) atomicMax(keys + b0 + r, best);
+      }
+    }
+    return;
   }
   cp_async_wait<0>();  // (fcs's copies went out with the product's first chunk)
   __syncthreads();
@@ -312,7 +480,7 @@ __device__ __forceinline__ void phase_b(const GreedyArgs& a, const Tile& tl, int
 // first barrier every read of ctx is over, so each block writes its units of h_t into h_out and the launch ends after
 // phase B: no second barrier, no token decode (1.8 us of the 22 us one-step launch at batch 1 on the H100). A
 // template, not a flag: with a run-time flag the decode's own code came out slower (243 -> 249 us at batch 1).
-template <bool kPick>
+template <bool kPick, bool kWide>
 __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a) {
   extern __shared__ __align__(16) float smem[];
   const int B = a.B, H = a.H, Hp = a.Hp, K = a.Ep + a.Hp, tid = threadIdx.x;
@@ -320,10 +488,11 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
   const int rows_a = 3 * a.U, rows_b = 3 * ((a.R + 2) / 3);
   float* whh_s = smem;                        // (3U, ldh): unit u's r, z, n rows at 3u, 3u + 1, 3u + 2
   float* wfc_s = whh_s + rows_a * ldh;        // (rows_b, ldf)
-  float* stage = wfc_s + rows_b * ldf;        // (2, kStage)
-  const Tile ta = make_tile(B, rows_a, Hp), tbl = make_tile(B, rows_b, K);
-  float* fcs = stage + 2 * kStage;            // (tbl.bt, R): a batch tile's fc_ctx
-  int* tok_s = reinterpret_cast<int*>(fcs + tbl.bt * a.R);  // (B) this step's input tokens
+  float* stage = wfc_s + rows_b * ldf;        // narrow: (2, kStage); wide: (kWideStages, sw)
+  // kWide: the launcher chose this instantiation by use_wide (the same test): the tiles are wide here
+  const Tile ta = make_tile(B, rows_a, Hp, 3, kWide, a.sw), tbl = make_tile(B, rows_b, K, kWideNR, kWide, a.sw);
+  float* fcs = stage + (kWide ? kWideStages * a.sw : 2 * kStage + 0);  // narrow: (tbl.bt, R), a batch tile's fc_ctx
+  int* tok_s = reinterpret_cast<int*>(fcs + (kWide ? 0 : tbl.bt * a.R));  // (B) this step's input tokens
   int* fin_s = tok_s + B;                                    // (B) rows that have emitted <eos>
 
   // The block's weights into shared memory, zero past the matrix (the tiles read whole float4s up to the padding).
@@ -423,8 +592,11 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
 #endif
     if (has_units) {
       for (int b0 = 0; b0 < B; b0 += ta.bt) {
-#define LAB_PHASE_A(TB) phase_a<TB>(a, ta, b0, hprev, ldp, hnext, whh_s, ldh, stage, tok_s)
-        LAB_TB_DISPATCH(ta.tb, LAB_PHASE_A)
+#define LAB_PHASE_A(TB) phase_a<TB, false>(a, ta, b0, hprev, ldp, hnext, whh_s, ldh, stage, tok_s)
+        if constexpr (kWide)
+          phase_a<kMaxTB, true>(a, ta, b0, hprev, ldp, hnext, whh_s, ldh, stage, tok_s);
+        else
+          LAB_TB_DISPATCH(ta.tb, LAB_PHASE_A)
 #undef LAB_PHASE_A
       }
     }
@@ -442,8 +614,17 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
     if (has_rows) {
       unsigned long long* keys = a.keys + (t & 1) * B;
       for (int b0 = 0; b0 < B; b0 += tbl.bt) {
-#define LAB_PHASE_B(TB) phase_b<TB, kPick>(a, tbl, b0, hnext, keys, wfc_s, ldf, stage, fcs, tok_s)
-        LAB_TB_DISPATCH(tbl.tb, LAB_PHASE_B)
+#define LAB_PHASE_B(TB) phase_b<TB, 3, false, kPick>(a, tbl, b0, hnext, keys, wfc_s, ldf, rows_b, stage, fcs, tok_s)
+#define LAB_PHASE_W(NR) phase_b<kMaxTB, NR, true, kPick>(a, tbl, b0, hnext, keys, wfc_s, ldf, rows_b, stage, fcs, tok_s)
+        if constexpr (kWide) {
+          if (tbl.nr == kWideNR)
+            LAB_PHASE_W(kWideNR);
+          else
+            LAB_PHASE_W(3);
+        } else {
+          LAB_TB_DISPATCH(tbl.tb, LAB_PHASE_B)
+        }
+#undef LAB_PHASE_W
 #undef LAB_PHASE_B
       }
     }
@@ -454,13 +635,23 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
 
 // ---- plan and launcher ------------------------------------------------------------------------------------------
 // info (kInfo entries, the binding names them): blocks, units_per_block, rows_per_block, smem_bytes, smem_optin,
-// max_coresident, then phase A's and phase B's (rows_per_thread, k_lanes, batch_tile, k_chunk).
-constexpr int kInfo = 14;
+// max_coresident, then phase A's and phase B's (rows_per_thread, k_lanes, batch_tile, k_chunk), then their weight
+// rows a thread (nr).
+constexpr int kInfo = 16;
 struct GreedyPlan {
   int status = 0;  // 0 fits; 1 batch > kMaxBatch; 2 shared memory; 3 not co-resident; 4 no cooperative launch; 5 CUDA
   int blocks = 0, U = 0, R = 0, smem = 0, optin = 0, coresident = 0;
+  bool wide = false;  // greedy_kernel<kPick, true>
+  int sw = 0;         // the wide ring's buffer, floats
   Tile ta{}, tb{};
 };
+
+inline const void* kernel_for(bool pick, bool wide) {
+  return pick ? (wide ? reinterpret_cast<const void*>(greedy_kernel<true, true>)
+                      : reinterpret_cast<const void*>(greedy_kernel<true, false>))
+              : (wide ? reinterpret_cast<const void*>(greedy_kernel<false, true>)
+                      : reinterpret_cast<const void*>(greedy_kernel<false, false>));
+}
 
 inline GreedyPlan plan(int B, int H, int E, int V) {
   GreedyPlan p;
@@ -468,20 +659,37 @@ inline GreedyPlan plan(int B, int H, int E, int V) {
   p.U = int(lab::ceil_div(H, p.blocks));
   p.R = int(lab::ceil_div(V, p.blocks));
   const int Hp = (H + 3) & ~3, K = ((E + 3) & ~3) + Hp, ldh = Hp + 4, ldf = K + 4, rows_b = 3 * ((p.R + 2) / 3);
-  p.ta = make_tile(B, 3 * p.U, Hp);
-  p.tb = make_tile(B, rows_b, K);
-  const int64_t smem = 4 * (int64_t(3 * p.U) * ldh + int64_t(rows_b) * ldf + 2 * kStage + int64_t(p.tb.bt) * p.R) +
-                       8 * int64_t(B);
-  p.smem = int(smem > (int64_t(1) << 30) ? (int64_t(1) << 30) : smem);
+  const int64_t fixed = 4 * (int64_t(3 * p.U) * ldh + int64_t(rows_b) * ldf) + 8 * int64_t(B);  // weights, tokens
+  auto finish = [&](int64_t stage_bytes) {
+    p.ta = make_tile(B, 3 * p.U, Hp, 3, p.wide, p.sw);
+    p.tb = make_tile(B, rows_b, K, kWideNR, p.wide, p.sw);
+    const int64_t smem = fixed + stage_bytes;
+    p.smem = int(smem > (int64_t(1) << 30) ? (int64_t(1) << 30) : smem);
+  };
+  p.wide = false;
+  finish(4 * (2 * int64_t(kStage) + int64_t(make_tile(B, rows_b, K, 3, false, 0).bt) * p.R));
   if (B > kMaxBatch) return p.status = 1, p;
   if ((p.status = cooperative_device(&p.optin)) != 0) return p;
-  // Both instantiations (the decode's and the one step's) must fit: the smaller of their limits.
+  if (use_wide(B, 3 * p.U, rows_b)) {
+    // The wide ring: kWideStages buffers of bt x (kc + 4) floats, kc a multiple of 4 up to kWideKC, sized to what the
+    // weights leave of the block's shared memory (less kStaticReserve for the kernel's static shared memory). Too
+    // little left for kc = 4, or for the tile's logits (bt x R, over the ring): the narrow launch.
+    const int bt = imin(B, 128);
+    const int64_t per = (int64_t(p.optin) - fixed - kStaticReserve) / (4 * kWideStages);
+    int kc = imin(kWideKC, imax(0, int(per / bt) - 4));
+    kc &= kc >= 32 ? ~31 : ~3;  // 8 quads a chunk per 8 lanes splitting K: no lane takes one more quad than another
+    if (kc >= 4 && int64_t(kWideStages) * bt * (kc + 4) >= int64_t(bt) * p.R) {
+      p.wide = true;
+      p.sw = bt * (kc + 4);
+      finish(4 * int64_t(kWideStages) * p.sw);
+    }
+  }
+  // Both instantiations this batch takes (the decode's and the one step's) must fit: the smaller of their limits.
   p.coresident = 1 << 30;
-  for (const void* k : {reinterpret_cast<const void*>(greedy_kernel<true>),
-                        reinterpret_cast<const void*>(greedy_kernel<false>)}) {
+  for (const void* k : {kernel_for(true, p.wide), kernel_for(false, p.wide)}) {
     cudaFuncAttributes fa{};  // the kernel's static shared memory (mbarriers, cooperative groups) counts too
     if (cudaFuncGetAttributes(&fa, k) != cudaSuccess) return p.status = 5, p;
-    if (p.U > kThreads || rows_b / 3 > kThreads || smem + int64_t(fa.sharedSizeBytes) > p.optin)
+    if (p.U > kThreads || rows_b / 3 > kThreads || int64_t(p.smem) + fa.sharedSizeBytes > p.optin)
       return p.status = 2, p;
     int co = 0;
     if (coresident_blocks(k, p.smem, &co) != 0) return p.status = 5, p;
@@ -497,7 +705,7 @@ inline GreedyPlan plan(int B, int H, int E, int V) {
 int gru_greedy_plan(int B, int H, int E, int V, int* info) {
   const gru::GreedyPlan p = gru::plan(B, H, E, V);
   const int v[gru::kInfo] = {p.blocks, p.U, p.R, p.smem, p.optin, p.coresident, p.ta.tb, p.ta.s, p.ta.bt, p.ta.kc,
-                             p.tb.tb, p.tb.s, p.tb.bt, p.tb.kc};
+                             p.tb.tb, p.tb.s, p.tb.bt, p.tb.kc, p.ta.nr, p.tb.nr};
   for (int i = 0; i < gru::kInfo; ++i) info[i] = v[i];
   return p.status;
 }
@@ -518,10 +726,9 @@ cudaError_t gru_greedy(const float* ctx, const float* gi_ctx, const float* fc_ct
   const GreedyPlan p = plan(B, H, E, V);
   if (p.status != 0) return cudaErrorInvalidConfiguration;  // the binding checks the plan first, with a message
   const GreedyArgs a{ctx,  gi_ctx, fc_ctx, emb,    gi_tab, w_hh, b_hh, w_fc, hbuf, keys, toks, tok_in, logits,
-                     h_out, ld_ctx, ld_hout, B, H, E, V, T, sos, eos, (H + 3) & ~3, (E + 3) & ~3, p.U, p.R};
+                     h_out, ld_ctx, ld_hout, B, H, E, V, T, sos, eos, (H + 3) & ~3, (E + 3) & ~3, p.U, p.R, p.sw};
   void* args[] = {const_cast<GreedyArgs*>(&a)};
-  const void* kernel = toks ? reinterpret_cast<const void*>(greedy_kernel<true>)
-                            : reinterpret_cast<const void*>(greedy_kernel<false>);
+  const void* kernel = kernel_for(toks != nullptr, p.wide);
   return launch_cooperative(kernel, p.blocks, p.smem, stream, args);
 }
 

@@ -144,6 +144,8 @@ def random_src(cfg: Config, batch: int, device="cpu", seed: int = 0) -> torch.Te
 # faster at batch 1, 8 and 16 (at 16 by 1-3%), the step-by-step one from 32 up: the one launch's per-step barriers
 # and chain of L2 round trips cost less than 4 launches a step while the batch is small; once it is not, its fc_out
 # tile (8 warps an SM, ~250 registers a thread) keeps the FMA pipe further from its peak than cuBLAS's GEMM does.
+# Since those sweeps greedy.cu's wide tiles (batch >= 32) made the one launch 30%, 15% and 6% faster at batch 32, 64
+# and 128 (its header's record); the crossover has not been swept again, so this threshold still rests on the sweeps.
 FUSED_MAX_BATCH = 16
 
 @dataclass
