@@ -261,8 +261,10 @@ __device__ __forceinline__ void chunk_fma(float (&acc)[TB][NR], const float* As,
 //   narrow: two buffers of kStage floats, one chunk in flight behind the one multiplied (two barriers a chunk).
 //   wide:   a ring of kWideStages buffers of tl.sw floats (the plan sizes them to the shared memory the weights leave),
 //           kWideStages - 1 chunks in flight, one barrier a chunk. At batch 128 (default model, 132 SMs) a step
-//           stages 128 x 768 floats of [emb | h] and 128 x 512 of h into every SM; %globaltimer/clock64 stamps in a
-//           dev build had thread 0 waiting on chunks for a quarter of the decode with one 18 KB chunk in flight.
+//           stages 128 x 768 floats of [emb | h] and 128 x 512 of h into every SM; clock64 stamps in a dev build had
+//           thread 0 waiting at the chunk barriers for a quarter of the decode with one 18 KB chunk in flight. A ring
+//           of 2 (one chunk in flight) measured within 1-3% of this ring of 3 (the header's record): those waits are
+//           not the bytes in flight alone.
 template <int TB, int NR, bool kWide, class SrcA, class Init>
 __device__ __forceinline__ void tile_gemm(const Tile& tl, int b0, int nrows, int rows, int K, const float* Ws, int ldw,
                                           float* stage, const SrcA& src, const Init& init, float (&acc)[TB][NR]) {
