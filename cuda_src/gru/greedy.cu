@@ -50,10 +50,12 @@
 //            64- and 36-column chunks); the rotated order alone bought ~1% at 128. Tokens equal to the reference in
 //            every run. The one-step launch (LabSeq2Seq.step_fused): 62.7 -> 47.2 us at batch 32, 73.9 -> 68.2 at 64,
 //            but 101.6 -> 104.4 at 128 (slower). clock64 stamps of a dev build at batch 128 (w1's tiles, before the
-//            ring) had a block's thread 0 ~52% of the decode in the products' FMA loops, ~23% waiting at chunk
-//            barriers, ~11% in the one-warp-a-row pick and ~8% in phase A outside the product (gathers, gates); the
-//            ring (two chunks in flight) did not shorten the decode at 128 beyond the pick and gates' share, so those
-//            waits are not the bytes in flight alone (not profiled further).
+//            ring) had a block's thread 0 ~53% of the decode in the products' FMA loops (at ~46% of the FMA peak
+//            there), ~23% waiting at chunk barriers, ~6% in the one-warp-a-row pick and ~4% in phase A outside the
+//            product (gathers, gates). The ring, the accumulators' fc_ctx, the pair pick and the spread gates together
+//            bought 0.5% at 128 (3042 -> 3027), less than the pick and gates' share: what the ring or the fc_ctx
+//            loads cost was not separated, and the chunk waits are not the bytes in flight alone (a ring of 2 within
+//            1-3%; not profiled further).
 //   Tried, not kept: unpadded slices, W_hh gate-major, so four bulk copies move a block's weights instead of 57 from
 //            one warp (%globaltimer stamps showed that warp ~3 us late into phase A). The one-step launch gained
 //            0.3 us, the 30-step decode lost 8% (243 -> 263 us at batch 1): the padding's bank spread pays every step.
