@@ -344,8 +344,8 @@ __device__ __forceinline__ void tile_gemm(const Tile& tl, int b0, int nrows, int
 // gates' other inputs (the gathered input projection, h_{t-1}, b_hh) do not depend on the product: their loads are
 // issued before it, so their L2 latency hides behind the multiply. Narrow tiles: lane 0 of a group's S lanes applies
 // the gates to its TB rows; wide: lane s to rows i = s, s + S, ... (every lane holds the sums after tile_gemm), so
-// the gathers and the transcendentals are spread over the S lanes rather than left to one (stamps in a dev build: a
-// group's lane 0 alone spent ~7 k cycles a step on them at batch 128).
+// the gathers and the transcendentals are spread over the S lanes rather than left to one (clock64 stamps in a dev
+// build at batch 128: thread 0 spent ~7 k cycles a step in phase A outside the product).
 template <int TB, bool kWide>
 __device__ __forceinline__ void phase_a(const GreedyArgs& a, const Tile& tl, int b0, const float* hprev, int64_t ldp,
                                         float* hnext, const float* whh_s, int ldh, float* stage, const int* tok_s) {
