@@ -136,7 +136,7 @@ __host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
 // accumulators, two threads a row for the pick. Per k quad a thread loads TB + NR float4s for 4 TB NR FMAs: 8 x 6
 // (S = 2 at batch 128) runs 14 shared loads per 192 FMAs, the narrow 8 x 3 (S = 1) 11 per 96.
 constexpr int kWideBatch = 32, kWideNR = 6;
-constexpr bool kRotateChunks = true;
+constexpr bool kRotateChunks = true;  // the rotated chunk order (tile_gemm; an A/B switch, ~1% at batch 128)
 constexpr int kWideStages = 3;  // the wide tiles' staging ring (tile_gemm)
 constexpr int kWideKC = 128;    // the most columns a wide chunk (the plan sizes it to the shared memory left)
 constexpr int kStaticReserve = 2048;  // bytes of a block's shared memory left to the kernel's static variables
@@ -495,7 +495,7 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
   float* stage = wfc_s + rows_b * ldf;        // narrow: (2, kStage); wide: (kWideStages, sw)
   // kWide: the launcher chose this instantiation by use_wide (the same test): the tiles are wide here
   const Tile ta = make_tile(B, rows_a, Hp, 3, kWide, a.sw), tbl = make_tile(B, rows_b, K, kWideNR, kWide, a.sw);
-  float* fcs = stage + (kWide ? kWideStages * a.sw : 2 * kStage + 0);  // narrow: (tbl.bt, R), a batch tile's fc_ctx
+  float* fcs = stage + (kWide ? kWideStages * a.sw : 2 * kStage);  // narrow: (tbl.bt, R), a batch tile's fc_ctx
   int* tok_s = reinterpret_cast<int*>(fcs + (kWide ? 0 : tbl.bt * a.R));  // (B) this step's input tokens
   int* fin_s = tok_s + B;                                    // (B) rows that have emitted <eos>
 
