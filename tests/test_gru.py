@@ -76,9 +76,11 @@ def test_v3_plan_splits_hidden_512_over_the_chip():
     assert kgru.v3_plan(256, 512)["exchange"] == "counters"
 
 
-# proj.cu, the input projection v3..v6 run for few rows: the encoder's shapes at batch 1 and 8, the 32-wide tile's
-# edges (1, primes, one past a tile), K not a multiple of the 32-wide chunk or of a 16-byte copy.
-PROJ_SHAPES = [(1, 1, 1), (30, 1536, 256), (240, 1536, 256), (7, 99, 5), (33, 97, 259), (257, 64, 40), (3, 3, 1000)]
+# proj.cu, the input projection v3..v6 run for few rows: the encoder's shapes at batch 1 and 8, the small tile's
+# edges (1, primes, one past a tile), K not a multiple of the chunk or of a 16-byte copy; above 128 rows (the 48 x 64
+# tile, float32): one row past the small tile's range, ragged tiles, K past the ring (the chunks cycle through it).
+PROJ_SHAPES = [(1, 1, 1), (30, 1536, 256), (240, 1536, 256), (7, 99, 5), (33, 97, 259), (257, 64, 40), (3, 3, 1000),
+               (129, 65, 1), (131, 97, 259), (200, 130, 512), (481, 1537, 260)]
 
 
 @needs_gpu

@@ -210,10 +210,13 @@ at::Tensor proj(const at::Tensor& x, const at::Tensor& w) {
   return at::mm(x, w.t());
 }
 
-// The most rows of x (T*B) for which v3..v6's float32 input projection runs in proj.cu's kernel rather than
-// cuBLAS's GEMM: measured on the H100 (proj.cu's header: ahead up to ~120 rows at input 256, hidden 512, behind from
-// 240; cuBLAS's tensor-core GEMM is ahead at every size for float16/bfloat16, which never take it).
-constexpr int64_t kOwnProjRows = 128;
+// The most rows of x (T*B) for which v3..v6's float32 input projection runs in proj.cu rather than cuBLAS's GEMM,
+// measured on the H100 (proj.cu's header, input 256, hidden 512): its ring kernel is ahead of cuBLAS + fill up to
+// ~120 rows (kRingProjRows), its bulk-copy kernel from there to 480 rows (the whole encoder faster at batch 8 and
+// 16, T = 30), cuBLAS at 960. The bulk-copy kernel wants Hopper's bulk copies, K % 4 == 0 and 16-byte aligned rows;
+// where one is missing the ring kernel would run, behind cuBLAS past ~120 rows, so cuBLAS does. cuBLAS's
+// tensor-core GEMM is ahead at every size for float16/bfloat16, which never take proj.cu.
+constexpr int64_t kRingProjRows = 128, kOwnProjRows = 512;
 
 void launch_proj(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, const at::Tensor& zero) {
   const ProjCuda gru_proj = lab::launcher<ProjCuda>("gru_proj");  // cuda_src/gru/proj.cu
@@ -225,13 +228,21 @@ void launch_proj(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, cons
 }
 
 // v3..v6's input projection of every step, x (T*B, I) @ W_ih (3H, I)^T -> (T*B, 3H) fp32, and the step counters of
-// the launch that follows zeroed (`zero`, int32; undefined: none). float32 up to kOwnProjRows rows: one launch of
-// proj.cu's kernel does both (cuBLAS would take a split-K GEMM, its reduction and a fill: three kernels); otherwise
-// cuBLAS's GEMM and a fill.
-bool own_proj(const at::Tensor& x) { return x.scalar_type() == at::kFloat && x.size(0) <= kOwnProjRows; }
+// the launch that follows zeroed (`zero`, int32; undefined: none). float32 up to kOwnProjRows rows (past
+// kRingProjRows: where the bulk-copy kernel runs, with the tile's rows, I <= 512, in shared memory): one launch of
+// proj.cu's kernel does both (cuBLAS would take a GEMM and a fill, with a gap between); otherwise cuBLAS's GEMM and
+// a fill.
+bool own_proj(const at::Tensor& x, const at::Tensor& w) {
+  if (x.scalar_type() != at::kFloat || x.size(0) > kOwnProjRows) return false;
+  if (x.size(0) <= kRingProjRows) return true;
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device());
+  const auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  return major == 9 && x.size(1) % 4 == 0 && x.size(1) <= 512 && aligned(x) && aligned(w);
+}
 
 at::Tensor input_proj(const at::Tensor& x, const at::Tensor& w, const at::Tensor& zero) {
-  if (own_proj(x)) {
+  if (own_proj(x, w)) {
     at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options().dtype(at::kFloat));
     launch_proj(x, w, out, zero);
     return out;
@@ -399,7 +410,7 @@ bool layer_cuda(int64_t version, int64_t config, Exchange ex, const at::Tensor& 
                         lab::check_int32(Tn, "seq_len"), b, h,
                         grid_sync || tagged ? nullptr : xstate.data_ptr<int>(),
                         tagged ? reinterpret_cast<unsigned long long*>(xstate.data_ptr<int>()) : nullptr,
-                        own_proj(x2), st),  // early behind proj.cu's launch (v3.cu: gru_v3)
+                        own_proj(x2, w_ih), st),  // early behind proj.cu's launch (v3.cu: gru_v3)
                  version == 3 ? "gru v3 persistent kernel (cooperative launch)"
                               : "gru v4 persistent kernel (cooperative launch)");
   return true;
