@@ -261,11 +261,11 @@ def test_gpu_fused_greedy_stops_at_eos(cfg):
 
 
 @needs_gpu
-@pytest.mark.parametrize("B", [7, 37])
+@pytest.mark.parametrize("B", [7, 9, 37])
 def test_gpu_fused_greedy_odd_model(B):
-    # odd sizes everywhere: hidden 37 (not a multiple of 4), emb 5, vocab 1009 (prime), 2 encoder layers. Batch 37
-    # takes greedy.cu's wide tiles: phase B's 8 vocabulary rows a block (9 padded) as two groups of 6, the second
-    # starting at row 3 and storing only rows 6..8
+    # odd sizes everywhere: hidden 37 (not a multiple of 4), emb 5, vocab 1009 (prime), 2 encoder layers. Batch 9
+    # (the first past the narrow tile's 8 rows) and 37 take greedy.cu's wide tiles: phase B's 8 vocabulary rows a
+    # block (9 padded) as two groups of 6, the second starting at row 3 and storing only rows 6..8
     cfg = s2s.Config(src_vocab=211, tgt_vocab=1009, enc_emb=19, dec_emb=5, hidden=37, layers=2, src_len=5, max_len=9)
     _check_gpu_fused(cfg, B)
     plan = kgru.ext().greedy_plan(B, cfg.hidden, cfg.dec_emb, cfg.tgt_vocab)

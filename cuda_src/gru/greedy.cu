@@ -37,7 +37,7 @@
 //            the launch (the one-step launch of LabSeq2Seq.step_fused depends on it most).
 //   greedy_kernel<false>  the one-step launch without the pick (no argmax, no second barrier, h_out written after
 //            the first): 22.1 -> 19.8 us at batch 1, 33.7 -> 31.1 at batch 8 (graph, L2 flushed; the decode unchanged).
-//   wide tiles (batch >= 32; make_tile, tile_gemm, phase_a, phase_b). Same-run A/B on the H100, whole decodes of 30
+//   wide tiles (batch >= 32 at first, now kWideBatch; make_tile, tile_gemm, phase_a, phase_b). Same-run A/B on the H100, whole decodes of 30
 //            tokens, default model, graph, L2 flushed, us (two rounds agreed within 1%):
 //                                                              batch  1     8     32    64    128
 //              before (narrow tiles at every batch)                   318   684   1686  2197  3234
@@ -56,6 +56,14 @@
 //            bought 0.5% at 128 (3042 -> 3027), less than the pick and gates' share: what the ring or the fc_ctx
 //            loads cost was not separated, and the chunk waits are not the bytes in flight alone (a ring of 2 within
 //            1-3%; not profiled further).
+//   the wide tiles from batch 9 (kWideBatch, was 32). The narrow tiles fall off a cliff between batch 8 and 12
+//            (676 -> 1401 us; 2404 at 24), the wide ones do not. Same-run A/B, as above, two rounds (us):
+//                                                    batch  1    4    8    12    16    24    32    48    64
+//              wide from 32                                 319  474  676  1401  1431  2404  1175  1696  1849
+//              wide from 16                                 319  475  677  1401   916  1131  1175  1693  1850
+//              wide from 8                                  319  474  794   855   917  1132  1175  1693  1859
+//              step-by-step decoder (LabSeq2Seq.step)       806  919 1080  1424  1454  1508  1540  1737  1788
+//            (batch 9..11 not timed: 9 is the first batch past the narrow tile's 8 rows, where its time jumps)
 //   Tried, not kept: unpadded slices, W_hh gate-major, so four bulk copies move a block's weights instead of 57 from
 //            one warp (%globaltimer stamps showed that warp ~3 us late into phase A). The one-step launch gained
 //            0.3 us, the 30-step decode lost 8% (243 -> 263 us at batch 1): the padding's bank spread pays every step.
@@ -135,7 +143,7 @@ __host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
 // from a different chunk in every block, the staging a ring of kWideStages buffers the plan sizes, fc_ctx in the
 // accumulators, two threads a row for the pick. Per k quad a thread loads TB + NR float4s for 4 TB NR FMAs: 8 x 6
 // (S = 2 at batch 128) runs 14 shared loads per 192 FMAs, the narrow 8 x 3 (S = 1) 11 per 96.
-constexpr int kWideBatch = 32, kWideNR = 6;
+constexpr int kWideBatch = 9, kWideNR = 6;  // (the header: narrow ahead at 8, wide from 12 on)
 constexpr bool kRotateChunks = true;  // the rotated chunk order (tile_gemm; an A/B switch, ~1% at batch 128)
 constexpr int kWideStages = 3;  // the wide tiles' staging ring (tile_gemm)
 constexpr int kWideKC = 128;    // the most columns a wide chunk (the plan sizes it to the shared memory left)

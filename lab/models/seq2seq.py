@@ -139,14 +139,12 @@ def random_src(cfg: Config, batch: int, device="cpu", seed: int = 0) -> torch.Te
 # =================================================================================================================
 # The lab model
 # =================================================================================================================
-# The largest batch greedy() decodes in one launch by default. In the H100 sweeps at 65a9b41 and e1c3a75 (default
-# model, CUDA graphs, L2 flushed; notebook 04 section 7 reprints it) the one-launch decoder (greedy.cu) was the
-# faster at batch 1, 8 and 16 (at 16 by 1-3%), the step-by-step one from 32 up: the one launch's per-step barriers
-# and chain of L2 round trips cost less than 4 launches a step while the batch is small; once it is not, its fc_out
-# tile (8 warps an SM, ~250 registers a thread) keeps the FMA pipe further from its peak than cuBLAS's GEMM does.
-# Since those sweeps greedy.cu's wide tiles (batch >= 32) made the one launch 30%, 15% and 6% faster at batch 32, 64
-# and 128 (its header's record); the crossover has not been swept again, so this threshold still rests on the sweeps.
-FUSED_MAX_BATCH = 16
+# The largest batch greedy() decodes in one launch by default. In the H100 sweep of greedy.cu's wide-tile threshold
+# (its header's table: default model, CUDA graphs, L2 flushed, two rounds; every tree wide from 16 up) the
+# one-launch decoder was the faster at every batch timed up to 48 (at 48 by 2%: 1693-1703 against 1737-1742 us),
+# the step-by-step one from 64 (1850-1860 against 1786-1791 us) and at 128. Earlier sweeps (65a9b41, e1c3a75, before
+# the wide tiles) put the crossover between 16 and 32. Notebook 04 section 7 reprints the sweep per run.
+FUSED_MAX_BATCH = 48
 
 @dataclass
 class DecoderState:
