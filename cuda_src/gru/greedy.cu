@@ -64,6 +64,9 @@
 //              wide from 8                                  319  474  794   855   917  1132  1175  1693  1859
 //              step-by-step decoder (LabSeq2Seq.step)       806  919 1080  1424  1454  1508  1540  1737  1788
 //            (batch 9..11 not timed: 9 is the first batch past the narrow tile's 8 rows, where its time jumps)
+//            The one-step launch (use_wide decides for both kernels), wide from 9 against from 32, two rounds:
+//            batch 9 36.4-36.7 against 56.2 us, 12 37.8-38.0 / 55.5-55.6, 16 40.2-40.4 / 55.6, 24 46.4-46.7 / 86.4-86.6;
+//            8, 32 and 64 unchanged (one code path).
 //   Tried, not kept: unpadded slices, W_hh gate-major, so four bulk copies move a block's weights instead of 57 from
 //            one warp (%globaltimer stamps showed that warp ~3 us late into phase A). The one-step launch gained
 //            0.3 us, the 30-step decode lost 8% (243 -> 263 us at batch 1): the padding's bank spread pays every step.

@@ -54,13 +54,14 @@
 //   Whole encoder (T = 30, input 256, hidden 512, graph): v3 at batch 8 85.1-85.6 -> 81.4 us; v4 at batch 16
 //   101.0-101.5 -> 100.3-100.4; at batch 32 cuBLAS's projection is ahead (v4 134.5-135.4 with it, 145.1 with this
 //   kernel): the binding takes this kernel up to 512 rows.
-// What bounds it (ncu, the 4-piece bulk variant at M = 240: 12.9-13.1 us): 8 warps an SM (one block: 116 KB of
-// shared memory), 0.45 instructions issued per scheduler cycle; stalls per issue: wait 0.76, barrier 0.64,
-// long_scoreboard 0.52, short_scoreboard 0.41; L2 -> SM 1.2 TB/s over the chip. Neither phase runs near its floor
-// on its own: with the product taken out the copies alone took 8.3 us (16.3 k cycles for 115 KB an SM), with the
-// copies taken out the product alone 9.6 us (19 k cycles for 786 k FMAs an SM: ~41 a cycle of 128); together they
-// overlap to ~13. Twice the warps (512
-// threads, 8 k-groups) did not help (14.1 us: long_scoreboard 1.47, not_selected 1.58, mio_throttle 1.00 per issue).
+// What bounds it (ncu at M = 240, unlocked clocks: 12.0 us): 8 warps an SM (one block: 116 KB of shared memory),
+// 0.48 instructions issued per scheduler cycle, the FMA pipe active 35% of the cycles; stalls per issue:
+// long_scoreboard 0.65 (the mbarrier waits), wait 0.58, not_selected 0.55, short_scoreboard 0.55 (shared loads);
+// L2 -> SM 1.3 TB/s over the chip, L2 hit rate 84%. Neither phase runs near its floor on its own (the 4-piece
+// variant, 12.9 us under ncu): with the product taken out the copies alone took 8.3 us (16.3 k cycles for 115 KB an
+// SM), with the copies taken out the product alone 9.6 us (19 k cycles for 786 k FMAs an SM: ~41 a cycle of 128);
+// together they overlap to ~13. Twice the warps (512 threads, 8 k-groups) did not help (14.1 us: long_scoreboard
+// 1.47, not_selected 1.58, mio_throttle 1.00 per issue).
 #include "gru.cuh"
 #include "lab_sm90.cuh"  // cp.async (lab_gemm.cuh), mbarrier and the bulk copy
 
