@@ -99,6 +99,20 @@ struct ProjTile {
 using SmallTile = ProjTile<32, 32, 4, 4, 512>;
 constexpr int kRingRows = 128;  // (the binding's kRingProjRows, cpp_src/gru/gru.cpp)
 
+// acc[i][j] += a[i] . b[j] for every pair: one k quad of a thread's RM x RN outputs, 4 RM RN FMAs (both kernels).
+template <int RM, int RN>
+__device__ __forceinline__ void outer4(float (&acc)[RM][RN], const float4 (&a)[RM], const float4 (&b)[RN]) {
+#pragma unroll
+  for (int i = 0; i < RM; ++i)
+#pragma unroll
+    for (int j = 0; j < RN; ++j) {
+      acc[i][j] = fmaf(a[i].x, b[j].x, acc[i][j]);
+      acc[i][j] = fmaf(a[i].y, b[j].y, acc[i][j]);
+      acc[i][j] = fmaf(a[i].z, b[j].z, acc[i][j]);
+      acc[i][j] = fmaf(a[i].w, b[j].w, acc[i][j]);
+    }
+}
+
 // One chunk of K (k0 .. k0 + PK) of x's tile rows and W's tile rows into tiles xs / ws. Out-of-range rows and k
 // are zeros, so the tail chunk and the edge tiles need no other guard.
 template <class P, class T, bool Vec>
@@ -171,15 +185,7 @@ __global__ void __launch_bounds__(P::NT) proj_kernel(const T* __restrict__ x, co
     for (int i = 0; i < RM; ++i) a[i] = ld4(xs + (tm + TR * i) * ld + 4 * g);
 #pragma unroll
     for (int j = 0; j < RN; ++j) b[j] = ld4(xs + (BM + tn + TC * j) * ld + 4 * g);
-#pragma unroll
-    for (int i = 0; i < RM; ++i)
-#pragma unroll
-      for (int j = 0; j < RN; ++j) {
-        acc[i][j] = fmaf(a[i].x, b[j].x, acc[i][j]);
-        acc[i][j] = fmaf(a[i].y, b[j].y, acc[i][j]);
-        acc[i][j] = fmaf(a[i].z, b[j].z, acc[i][j]);
-        acc[i][j] = fmaf(a[i].w, b[j].w, acc[i][j]);
-      }
+    outer4(acc, a, b);
     if (ring) {
       __syncthreads();  // every group is done with this slot before chunk c + Stages's copies overwrite it
       if (c + Stages < nc) {
@@ -270,15 +276,7 @@ __global__ void __launch_bounds__(P::NT) proj_bulk_kernel(const float* __restric
     for (int i = 0; i < RM; ++i) a[i] = ld4(xs + (tm + TR * i) * ldk + col);
 #pragma unroll
     for (int j = 0; j < RN; ++j) b[j] = ld4(ws + (tn + TC * j) * ldk + col);
-#pragma unroll
-    for (int i = 0; i < RM; ++i)
-#pragma unroll
-      for (int j = 0; j < RN; ++j) {
-        acc[i][j] = fmaf(a[i].x, b[j].x, acc[i][j]);
-        acc[i][j] = fmaf(a[i].y, b[j].y, acc[i][j]);
-        acc[i][j] = fmaf(a[i].z, b[j].z, acc[i][j]);
-        acc[i][j] = fmaf(a[i].w, b[j].w, acc[i][j]);
-      }
+    outer4(acc, a, b);
   };
   // piece q: quads [q nq / kPieces, (q+1) nq / kPieces); k-group g takes the quads k4 with k4 % G == g
   auto piece = [&](int q) {
