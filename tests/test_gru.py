@@ -76,11 +76,12 @@ def test_v3_plan_splits_hidden_512_over_the_chip():
     assert kgru.v3_plan(256, 512)["exchange"] == "counters"
 
 
-# proj.cu, the input projection v3..v6 run for few rows: the encoder's shapes at batch 1 and 8, the small tile's
-# edges (1, primes, one past a tile), K not a multiple of the chunk or of a 16-byte copy; above 128 rows (the 48 x 64
-# tile, float32): one row past the small tile's range, ragged tiles, K past the ring (the chunks cycle through it).
+# proj.cu, the input projection v3..v6 run for few rows: the encoder's shapes at batch 1 and 8, the ring kernel's
+# edges (1, primes, one past a tile), K not a multiple of the chunk or of a 16-byte copy; above 128 rows (float32: the
+# bulk-copy kernel, 48 x 64 tiles): one row past the ring kernel's range, ragged tiles, the largest K whose rows fit
+# in shared memory (512), and past it (516, 2000: the ring kernel after all, K cycling through its ring).
 PROJ_SHAPES = [(1, 1, 1), (30, 1536, 256), (240, 1536, 256), (7, 99, 5), (33, 97, 259), (257, 64, 40), (3, 3, 1000),
-               (129, 65, 1), (131, 97, 259), (200, 130, 512), (481, 1537, 260)]
+               (129, 65, 1), (131, 97, 259), (200, 130, 512), (481, 1537, 260), (131, 33, 516), (129, 7, 2000)]
 
 
 @needs_gpu

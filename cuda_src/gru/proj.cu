@@ -345,14 +345,24 @@ cudaError_t proj_bulk_launch(const float* x, const float* w, float* out, int M, 
   if ((reinterpret_cast<uintptr_t>(x) & 15) || (reinterpret_cast<uintptr_t>(w) & 15) || K % 4 || K > (1 << 16))
     return cudaErrorNotSupported;
   const int smem = bulk_smem<P>(K);
-  static int opted[64] = {};  // the dynamic shared memory this kernel may take on each device, raised as needed
+  // Per device: the most dynamic shared memory a block of this kernel may take (the opt-in limit less its static
+  // mbarriers, rounded down to 128 bytes), asked once, so a K too large is declined here rather than by a failing
+  // cudaFuncSetAttribute (an API error under compute-sanitizer); and the size the kernel has opted in to so far.
+  static int limit[64] = {}, opted[64] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return cudaErrorNotSupported;
+  if (!limit[dev]) {
+    int optin = 0;
+    cudaFuncAttributes fa{};
+    cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, proj_bulk_kernel<P>);
+    if (e != cudaSuccess) return e;
+    limit[dev] = (optin - int(fa.sharedSizeBytes)) & ~127;
+  }
+  if (smem > limit[dev]) return cudaErrorNotSupported;
   if (smem > 48 * 1024 && smem > opted[dev]) {
-    if (cudaFuncSetAttribute(proj_bulk_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
-      (void)cudaGetLastError();  // more than a block may have: not an error, the caller takes the ring kernel
-      return cudaErrorNotSupported;
-    }
+    const cudaError_t e = cudaFuncSetAttribute(proj_bulk_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
     opted[dev] = smem;
   }
   const int64_t n = lab::ceil_div(M, P::BM) * lab::ceil_div(N, P::BN), tiles = n > 0 ? n : 1;
