@@ -24,8 +24,8 @@
 // versions run on the current stream; GEMMs go to cuBLAS through ATen: for fp16/bf16 with an fp32 output
 // (at::mm's out_dtype), so gate pre-activations are never rounded to 16 bits.
 //
-// Launchers: "gru_gates" (cuda_src/gru/gates.cu), "gru_decoder_prep" (decoder.cu), "gru_greedy_plan" /
-// "gru_greedy" (greedy.cu), and per variant of v3.cu
+// Launchers: "gru_gates" (cuda_src/gru/gates.cu), "gru_decoder_prep" (decoder.cu), per variant of greedy.cu
+// "gru_greedy_plan@<wide>" / "gru_greedy@<wide>" (wide 0 / 1: the tile width), per variant of v3.cu
 // "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" (dtype f32/f16/bf16; rb 2 = v3, rb 4 = v4), per variant of
 // v5.cu "gru_v5_plan@<dtype>" / "gru_v5@<dtype>" (f32 multiplies in TF32), per variant of v6.cu
 // "gru_v6_plan@<dtype>,<rb>" / "gru_v6@<dtype>,<rb>"; the CPU unit's
@@ -718,6 +718,18 @@ static const char* kGreedyInfoNames[kGreedyInfo] = {
     "a_rows_per_thread", "a_k_lanes", "a_batch_tile", "a_k_chunk", "b_rows_per_thread", "b_k_lanes", "b_batch_tile",
     "b_k_chunk", "a_weight_rows_per_thread", "b_weight_rows_per_thread"};
 
+// cuda_src/gru/greedy.cu is built once per tile width (// lab:variants wide=0,1): the plan of the unit whose width
+// the batch takes answers, the other returns kGreedyOtherUnit. *unit: 0 narrow, 1 wide (its launcher's suffix).
+constexpr int kGreedyOtherUnit = 6;
+int greedy_plan_cuda(int b, int h, int e, int v, int* info, int* unit) {
+  int status = kGreedyOtherUnit;
+  for (int w = 0; w < 2 && status == kGreedyOtherUnit; ++w) {
+    status = lab::launcher<GreedyPlanCuda>(w ? "gru_greedy_plan@1" : "gru_greedy_plan@0")(b, h, e, v, info);
+    *unit = w;
+  }
+  return status;  // (kGreedyOtherUnit from both cannot happen: one of the two widths takes every batch)
+}
+
 std::string greedy_plan_error(int status, const int* info, int64_t B, int64_t H, int64_t E, int64_t V) {
   std::string o = lab::cat("the one-launch greedy decoder cannot run batch ", B, ", hidden ", H, ", emb ", E,
                            ", vocab ", V, " on this GPU: ");
@@ -815,8 +827,8 @@ void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Te
               v = lab::check_int32(V, "vocab");
     lab::check_int32(3 * H * V, "3*hidden*vocab");
     lab::check_int32((E + H) * V, "(emb_dim + hidden)*vocab");
-    int info[kGreedyInfo];
-    const int status = lab::launcher<GreedyPlanCuda>("gru_greedy_plan")(b, h, e, v, info);  // cuda_src/gru/greedy.cu
+    int info[kGreedyInfo], unit = 0;
+    const int status = greedy_plan_cuda(b, h, e, v, info, &unit);
     LAB_CHECK_VALUE(status == 0, greedy_plan_error(status, info, B, H, E, V));
     // The kernel copies rows of h, ctx and emb 16 bytes at a time: H and E padded to multiples of 4 with zero columns
     // (copies, only for such sizes or for misaligned tensors), h's workspace zeroed so its pad columns are.
@@ -838,7 +850,7 @@ void greedy_decode(const at::Tensor& ctx, const at::Tensor& gi_ctx, const at::Te
     }
     at::Tensor hbuf = pad ? at::zeros({2, B, Hp}, ctx.options()) : at::empty({2, B, Hp}, ctx.options());  // h_t
     at::Tensor keys = at::empty({2, B}, ctx.options().dtype(at::kLong));  // the argmax merges (reset in-kernel)
-    LAB_CUDA_CHECK(lab::launcher<GreedyCuda>("gru_greedy")(
+    LAB_CUDA_CHECK(lab::launcher<GreedyCuda>(unit ? "gru_greedy@1" : "gru_greedy@0")(
                        ctx_p.data_ptr<float>(), gi_ctx.data_ptr<float>(), fc_ctx.data_ptr<float>(),
                        emb_p.data_ptr<float>(), gi_table.data_ptr<float>(), w_hh_p.data_ptr<float>(),
                        b_hh.data_ptr<float>(), w_fc_p.data_ptr<float>(), hbuf.data_ptr<float>(),
@@ -870,10 +882,10 @@ py::dict greedy_plan(int64_t batch, int64_t hidden, int64_t emb_dim, int64_t voc
                   "emb_dim >= 0, got ", batch, ", ", hidden, ", ", vocab, ", ", emb_dim);
   py::dict d;
 #ifdef LAB_WITH_CUDA
-  int info[kGreedyInfo];
-  const int status = lab::launcher<GreedyPlanCuda>("gru_greedy_plan")(
-      lab::check_int32(batch, "batch"), lab::check_int32(hidden, "hidden"), lab::check_int32(emb_dim, "emb_dim"),
-      lab::check_int32(vocab, "vocab"), info);
+  int info[kGreedyInfo], unit = 0;
+  const int status =
+      greedy_plan_cuda(lab::check_int32(batch, "batch"), lab::check_int32(hidden, "hidden"),
+                       lab::check_int32(emb_dim, "emb_dim"), lab::check_int32(vocab, "vocab"), info, &unit);
   d["status"] = status;  // 0 fits; 1 batch > 1024; 2 shared memory; 3 not co-resident; 4 no cooperative launch;
                          // 5 a CUDA error while asking
   d["reason"] = status == 0 ? std::string() : greedy_plan_error(status, info, batch, hidden, emb_dim, vocab);

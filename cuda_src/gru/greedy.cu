@@ -1,4 +1,5 @@
 // gru/greedy.cu — greedy decoding of the seq2seq model in one launch: the decoder's last rung (the stepwise decoder
+// lab:variants wide=0,1
 // is decoder.cu + gates.cu + two cuBLAS calls a step, driven from lab/models/seq2seq.py).
 //
 // One cooperative launch runs every step of a greedy decode without returning to the host:
@@ -95,6 +96,18 @@
 
 namespace gru {
 namespace cg = cooperative_groups;
+
+// This build's variant: the narrow (wide=0) or the wide (wide=1) instantiations, greedy_kernel<kPick, kUnitWide> for
+// the decode and the one step. Built once per width so an edit compiles two kernels per unit, the units in parallel
+// (the four in one unit took ~11.5 s on the 2-core CI machine). The plan is the same code in both: the unit whose
+// width a batch takes answers it, the other says kOtherUnit (the binding asks both: cpp_src/gru/gru.cpp).
+#if defined(LAB_VARIANT_wide_0)
+constexpr bool kUnitWide = false;
+#elif defined(LAB_VARIANT_wide_1)
+constexpr bool kUnitWide = true;
+#else
+#error "gru/greedy.cu is built per variant (// lab:variants above): -DLAB_VARIANT_wide_0 or _1"
+#endif
 
 constexpr int kStage = 4608;     // floats per staging buffer (two of them): 128 batch rows x (32 + 4) columns
 constexpr int kMaxBatch = 1024;  // tokens and <eos> flags of every row in shared memory (8 KB)
@@ -653,19 +666,20 @@ __global__ void __launch_bounds__(kThreads, 1) greedy_kernel(const GreedyArgs a)
 // max_coresident, then phase A's and phase B's (rows_per_thread, k_lanes, batch_tile, k_chunk), then their weight
 // rows a thread (nr).
 constexpr int kInfo = 16;
+constexpr int kOtherUnit = 6;  // (the binding's kGreedyOtherUnit)
 struct GreedyPlan {
   int status = 0;  // 0 fits; 1 batch > kMaxBatch; 2 shared memory; 3 not co-resident; 4 no cooperative launch; 5 CUDA
+                   // error; kOtherUnit: the batch takes the other unit's width (ask it)
   int blocks = 0, U = 0, R = 0, smem = 0, optin = 0, coresident = 0;
   bool wide = false;  // greedy_kernel<kPick, true>
   int sw = 0;         // the wide ring's buffer, floats
   Tile ta{}, tb{};
 };
 
-inline const void* kernel_for(bool pick, bool wide) {
-  return pick ? (wide ? reinterpret_cast<const void*>(greedy_kernel<true, true>)
-                      : reinterpret_cast<const void*>(greedy_kernel<true, false>))
-              : (wide ? reinterpret_cast<const void*>(greedy_kernel<false, true>)
-                      : reinterpret_cast<const void*>(greedy_kernel<false, false>));
+// This unit's kernels (the plan has checked that the batch takes this unit's width).
+inline const void* kernel_for(bool pick) {
+  return pick ? reinterpret_cast<const void*>(greedy_kernel<true, kUnitWide>)
+              : reinterpret_cast<const void*>(greedy_kernel<false, kUnitWide>);
 }
 
 inline GreedyPlan plan(int B, int H, int E, int V) {
@@ -699,9 +713,10 @@ inline GreedyPlan plan(int B, int H, int E, int V) {
       finish(4 * int64_t(kWideStages) * p.sw);
     }
   }
+  if (p.wide != kUnitWide) return p.status = kOtherUnit, p;
   // Both instantiations this batch takes (the decode's and the one step's) must fit: the smaller of their limits.
   p.coresident = 1 << 30;
-  for (const void* k : {kernel_for(true, p.wide), kernel_for(false, p.wide)}) {
+  for (const void* k : {kernel_for(true), kernel_for(false)}) {
     cudaFuncAttributes fa{};  // the kernel's static shared memory (mbarriers, cooperative groups) counts too
     if (cudaFuncGetAttributes(&fa, k) != cudaSuccess) return p.status = 5, p;
     if (p.U > kThreads || rows_b / 3 > kThreads || int64_t(p.smem) + fa.sharedSizeBytes > p.optin)
@@ -716,7 +731,8 @@ inline GreedyPlan plan(int B, int H, int E, int V) {
 
 }  // namespace gru
 
-// Launchers (called from cpp_src/gru/gru.cpp).
+// Launchers (called from cpp_src/gru/gru.cpp), one pair per variant: "gru_greedy_plan@0" / "gru_greedy@0" (narrow),
+// "@1" (wide).
 int gru_greedy_plan(int B, int H, int E, int V, int* info) {
   const gru::GreedyPlan p = gru::plan(B, H, E, V);
   const int v[gru::kInfo] = {p.blocks, p.U, p.R, p.smem, p.optin, p.coresident, p.ta.tb, p.ta.s, p.ta.bt, p.ta.kc,
@@ -739,11 +755,11 @@ cudaError_t gru_greedy(const float* ctx, const float* gi_ctx, const float* fc_ct
   if (B == 0 || T == 0) return cudaSuccess;
   if (!toks && T != 1) return cudaErrorInvalidValue;  // (the binding passes null only for one step)
   const GreedyPlan p = plan(B, H, E, V);
-  if (p.status != 0) return cudaErrorInvalidConfiguration;  // the binding checks the plan first, with a message
+  if (p.status != 0) return cudaErrorInvalidConfiguration;  // the binding checks the plan first (and picks the unit)
   const GreedyArgs a{ctx,  gi_ctx, fc_ctx, emb,    gi_tab, w_hh, b_hh, w_fc, hbuf, keys, toks, tok_in, logits,
                      h_out, ld_ctx, ld_hout, B, H, E, V, T, sos, eos, (H + 3) & ~3, (E + 3) & ~3, p.U, p.R, p.sw};
   void* args[] = {const_cast<GreedyArgs*>(&a)};
-  const void* kernel = kernel_for(toks != nullptr, p.wide);
+  const void* kernel = kernel_for(toks != nullptr);
   return launch_cooperative(kernel, p.blocks, p.smem, stream, args);
 }
 
