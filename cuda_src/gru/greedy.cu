@@ -98,8 +98,9 @@ namespace gru {
 namespace cg = cooperative_groups;
 
 // This build's variant: the narrow (wide=0) or the wide (wide=1) instantiations, greedy_kernel<kPick, kUnitWide> for
-// the decode and the one step. Built once per width so an edit compiles two kernels per unit, the units in parallel
-// (the four in one unit took ~11.5 s on the 2-core CI machine). The plan is the same code in both: the unit whose
+// the decode and the one step. Built once per width so an edit compiles two kernels per unit, the units in parallel:
+// a one-line edit of this file rebuilt in 11.9-12.2 s as one unit, 8.3-9.6 s as two (the 2-core CI machine; the
+// narrow unit is the longer, its two kernels have ~1.5x the wide ones' instructions). The plan is the same code in both: the unit whose
 // width a batch takes answers it, the other says kOtherUnit (the binding asks both: cpp_src/gru/gru.cpp).
 #if defined(LAB_VARIANT_wide_0)
 constexpr bool kUnitWide = false;
