@@ -1,5 +1,4 @@
 // gru/greedy.cu — greedy decoding of the seq2seq model in one launch: the decoder's last rung (the stepwise decoder
-// lab:variants wide=0,1
 // is decoder.cu + gates.cu + two cuBLAS calls a step, driven from lab/models/seq2seq.py).
 //
 // One cooperative launch runs every step of a greedy decode without returning to the host:
@@ -38,8 +37,8 @@
 //            the launch (the one-step launch of LabSeq2Seq.step_fused depends on it most).
 //   greedy_kernel<false>  the one-step launch without the pick (no argmax, no second barrier, h_out written after
 //            the first): 22.1 -> 19.8 us at batch 1, 33.7 -> 31.1 at batch 8 (graph, L2 flushed; the decode unchanged).
-//   wide tiles (batch >= 32 at first, now kWideBatch; make_tile, tile_gemm, phase_a, phase_b). Same-run A/B on the H100, whole decodes of 30
-//            tokens, default model, graph, L2 flushed, us (two rounds agreed within 1%):
+//   wide tiles (batch >= 32 at first, now kWideBatch; make_tile, tile_gemm, phase_a, phase_b). Same-run A/B on the
+//            H100, whole decodes of 30 tokens, default model, graph, L2 flushed, us (two rounds agreed within 1%):
 //                                                              batch  1     8     32    64    128
 //              before (narrow tiles at every batch)                   318   684   1686  2197  3234
 //              w1: 8 x 6 tiles (S = 2 at 128), row groups first,      323   688   1154  1968  3042
@@ -66,8 +65,8 @@
 //              step-by-step decoder (LabSeq2Seq.step)       806  919 1080  1424  1454  1508  1540  1737  1788
 //            (batch 9..11 not timed: 9 is the first batch past the narrow tile's 8 rows, where its time jumps)
 //            The one-step launch (use_wide decides for both kernels), wide from 9 against from 32, two rounds:
-//            batch 9 36.4-36.7 against 56.2 us, 12 37.8-38.0 / 55.5-55.6, 16 40.2-40.4 / 55.6, 24 46.4-46.7 / 86.4-86.6;
-//            8, 32 and 64 unchanged (one code path).
+//            batch 9 36.4-36.7 against 56.2 us, 12 37.8-38.0 / 55.5-55.6, 16 40.2-40.4 / 55.6,
+//            24 46.4-46.7 / 86.4-86.6; 8, 32 and 64 unchanged (one code path).
 //   Tried, not kept: unpadded slices, W_hh gate-major, so four bulk copies move a block's weights instead of 57 from
 //            one warp (%globaltimer stamps showed that warp ~3 us late into phase A). The one-step launch gained
 //            0.3 us, the 30-step decode lost 8% (243 -> 263 us at batch 1): the padding's bank spread pays every step.
@@ -87,6 +86,8 @@
 // fixed-latency FMA dependences and shared-memory operand loads with the FP32 pipe far from busy.
 // Limits (the plan's status, the binding's message): batch <= kMaxBatch (tokens and flags in shared memory), both
 // weight slices and the staging buffers within the block's shared memory, all G blocks co-resident.
+// lab:variants wide=0,1
+// (built once per tile width: kUnitWide below)
 #include "cooperative.cuh"
 #include "lab_sm90.cuh"  // cp.async (lab_gemm.cuh), mbarrier and the bulk copy of the weights
 
@@ -100,8 +101,9 @@ namespace cg = cooperative_groups;
 // This build's variant: the narrow (wide=0) or the wide (wide=1) instantiations, greedy_kernel<kPick, kUnitWide> for
 // the decode and the one step. Built once per width so an edit compiles two kernels per unit, the units in parallel:
 // a one-line edit of this file rebuilt in 11.9-12.2 s as one unit, 8.3-9.6 s as two (the 2-core CI machine; the
-// narrow unit is the longer, its two kernels have ~1.5x the wide ones' instructions). The plan is the same code in both: the unit whose
-// width a batch takes answers it, the other says kOtherUnit (the binding asks both: cpp_src/gru/gru.cpp).
+// narrow unit is the longer, its two kernels have ~1.5x the wide ones' instructions). The plan is the same code in
+// both: the unit whose width a batch takes answers it, the other says kOtherUnit (the binding asks both:
+// cpp_src/gru/gru.cpp).
 #if defined(LAB_VARIANT_wide_0)
 constexpr bool kUnitWide = false;
 #elif defined(LAB_VARIANT_wide_1)

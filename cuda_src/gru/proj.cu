@@ -88,8 +88,8 @@ struct ProjTile {
   // Dynamic shared memory: the ring of Stages (x, w) tile pairs, or the groups' partial sums (G x BM x BN fp32)
   // after the last chunk, whichever is larger.
   template <class T> static constexpr int smem() {
-    return Stages * (BM + BN) * ld<T>() * int(sizeof(T)) > G * BM * BN * 4 ? Stages * (BM + BN) * ld<T>() * int(sizeof(T))
-                                                                           : G * BM * BN * 4;
+    constexpr int ring = Stages * (BM + BN) * ld<T>() * int(sizeof(T)), sums = G * BM * BN * 4;
+    return ring > sums ? ring : sums;
   }
 };
 
