@@ -246,9 +246,10 @@ cudaError_t proj_launch_tile(const T* x, const T* w, float* out, int M, int N, i
 using BulkTile = ProjTile<48, 64, 6, 8, 256>;  // 120 blocks at M = 240; 14 shared loads for 192 FMAs a k quad
 constexpr int kPieces = 2;                      // column pieces of K, one mbarrier each
 __host__ __device__ constexpr int bulk_ldk(int K) { return (K + 31) / 32 * 32 + 4; }
+// Dynamic shared memory: the tile's rows, or the k-groups' partial sums after the product, whichever is larger.
 template <class P> constexpr int bulk_smem(int K) {
-  return (P::BM + P::BN) * bulk_ldk(K) * 4 > P::G * P::BM * P::BN * 4 ? (P::BM + P::BN) * bulk_ldk(K) * 4
-                                                                      : P::G * P::BM * P::BN * 4;
+  const int rows = (P::BM + P::BN) * bulk_ldk(K) * 4, sums = P::G * P::BM * P::BN * 4;
+  return rows > sums ? rows : sums;
 }
 
 template <class P>
