@@ -2,11 +2,13 @@
 without h0, seq_len 1; float64 to ~1e-12; CUDA graphs and determinism of the persistent kernel; the decoder-step
 pieces (gates, argmax + gathers); bad input gives an error that names the argument."""
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from lab import registry, verify
+from lab import env, registry, verify
 from lab.kernels import gru as kgru
 
 from conftest import devices, needs_gpu
@@ -104,6 +106,20 @@ def test_input_projection_matches_float64(dtype, shape):
             # fp16/bf16 products are exact in fp32: every dtype is held to fp32 accumulation
             verify.assert_close(out, want, torch.float32, what=f"proj {dtype} seed {seed}")
             assert torch.equal(zero, torch.zeros_like(zero)), "the counters must be zeroed in the same launch"
+
+
+@needs_gpu
+def test_first_bulk_projection_of_a_process_opts_in_at_exactly_48_kb():
+    # proj.cu's bulk kernel at K = 96: its partial sums take exactly 48 KB of dynamic shared memory, and with its
+    # static mbarriers the block is past the default limit, so it must opt in. An opt-in lasts for the process, so a
+    # launch at larger K earlier in this one would hide a missing one: a fresh process.
+    code = ("import torch; from lab.kernels import gru as k; g = torch.Generator().manual_seed(0); "
+            "x = torch.randn(200, 96, generator=g).cuda(); w = torch.randn(64, 96, generator=g).cuda(); "
+            "out = k.input_projection(x, w); want = x.double() @ w.double().t(); "
+            "print(float((out.double() - want).abs().max() / want.abs().max()))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=env.ROOT, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert float(r.stdout.split()[-1]) < 1e-5, r.stdout
 
 
 @needs_gpu

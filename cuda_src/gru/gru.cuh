@@ -40,13 +40,16 @@
 //       recurrent GEMM and the gate kernel. 2 launches a step, and one well-shaped (T*B, I) x (I, 3H) GEMM.
 //   v3: persistent — one cooperative launch runs all T steps of a layer. W_hh is split across the blocks by hidden
 //       unit and stays in registers (fp32) for the whole sequence; each step a block reads h_{t-1} from L2 into
-//       shared memory, computes its units' 3 gate rows for its batch rows, applies the gates, writes h_t, and the
-//       grid meets at one grid.sync(). The input projection is one GEMM before the launch (cuBLAS; proj.cu for fp32
-//       with few rows). (Since v5's exchange landed in persistent.cuh, v3/v4 wait by default only for the blocks of
-//       their own batch slice, on per-slice step counters; grid_sync=True keeps the one grid.sync(). Where a block
-//       owns one batch row, they exchange h as tagged 64-bit words instead, the data its own flag: persistent.cuh.)
-//   v4: v3 with four batch rows per pass (12 independent FMA chains instead of 6) and the lane reduction as a
-//       reduce-scatter (13 shuffles per 4 rows instead of 48 for a butterfly): the same work, less exposed latency.
+//       shared memory, computes its units' 3 gate rows for its batch rows (in pairs, or one at a time where a block
+//       owns one row; the lanes' partial sums meet in a reduce-scatter, rowstep.cuh), applies the gates, writes h_t,
+//       and the grid meets at one grid.sync(). The input projection is one GEMM before the launch (cuBLAS; proj.cu
+//       for fp32 with few rows). (Since v5's exchange landed in persistent.cuh, v3/v4 wait by default only for the
+//       blocks of their own batch slice, on per-slice step counters; grid_sync=True keeps the one grid.sync(). Where
+//       a block owns one batch row, they exchange h as tagged 64-bit words instead, the data its own flag:
+//       persistent.cuh.)
+//   v4: v3 with four batch rows per pass: 12 independent FMA chains instead of 6, 15 shuffles per 4 rows instead of
+//       16: the same work, less exposed latency. (The reduce-scatter was v4's second idea, against v3's butterfly of
+//       48 shuffles per 4 rows; v3 took it too, which bought it 1-1.5% at batch 8..32: rowstep.cuh.)
 //   v5: v3's loop with h_{t-1} W_hh^T on tensor cores (mma.sync: fp16/bf16 as stored, TF32 on float32 tensors), the
 //       block's W_hh slice in shared memory, the gates applied from the mma fragments; eight warp grids, one chosen
 //       per (batch, hidden) by a step-time estimate (v5.cu's header has the split and the napkin math).
@@ -80,10 +83,10 @@
 //     (an estimate); plus the barrier. v3 beats cuDNN here, but with the input-projection GEMM (3 GFLOP of strict
 //     fp32, not timed apart) set aside, a step still takes several times the FMA time, and the step time grows
 //     linearly with the batch: one block of 8 warps per SM (96 weight registers a thread leave room for no more)
-//     cannot hide the shared-load, FMA-chain and 4-level-butterfly latencies (SASS: ~275 instructions per pair of
-//     rows, ~550 cycles of issue for the 2 warps of a scheduler, well under the cycles the measured step time
-//     implies). v4 attacks exactly that. B = 256 (Bb = 64): v4 is still ahead of cuDNN but misses issue 14's goal
-//     (v3.cu's header: what Nsight Compute says there); B = 64: further ahead than at B = 128.
+//     cannot hide the shared-load, FMA-chain and lane-reduction latencies (SASS, v3 with its butterfly then: ~275
+//     instructions per pair of rows, ~550 cycles of issue for the 2 warps of a scheduler, well under the cycles the
+//     measured step time implies). v4 attacks exactly that. B = 256 (Bb = 64): v4 is still ahead of cuDNN but misses
+//     issue 14's goal (v3.cu's header: what Nsight Compute says there); B = 64: further ahead than at B = 128.
 //   - fp16/bf16 use the same FP32 FMA path (weights converted once into fp32 registers, h read as 16-bit and
 //     widened): half the L2 bytes, the same FMA time; cuDNN's bf16 path uses tensor cores, so the gain over it is
 //     smaller at large batch (notebooks/03_gru.ipynb has the measured numbers).

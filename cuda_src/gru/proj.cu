@@ -348,8 +348,11 @@ cudaError_t proj_bulk_launch(const float* x, const float* w, float* out, int M, 
   const int smem = bulk_smem<P>(K);
   // Per device: the most dynamic shared memory a block of this kernel may take (the opt-in limit less its static
   // mbarriers, rounded down to 128 bytes), asked once, so a K too large is declined here rather than by a failing
-  // cudaFuncSetAttribute (an API error under compute-sanitizer); and the size the kernel has opted in to so far.
-  static int limit[64] = {}, opted[64] = {};
+  // cudaFuncSetAttribute (an API error under compute-sanitizer); its static bytes; and the size the kernel has opted
+  // in to so far. The default limit (48 KB) counts static and dynamic bytes together: at K = 96 the partial sums
+  // take exactly 48 KB, and without the opt-in that launch failed (cudaErrorInvalidValue) in a process whose first
+  // bulk projection it was (found by compute-sanitizer's run of the seq2seq small model).
+  static int limit[64] = {}, fixed[64] = {}, opted[64] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return cudaErrorNotSupported;
   if (!limit[dev]) {
@@ -359,9 +362,10 @@ cudaError_t proj_bulk_launch(const float* x, const float* w, float* out, int M, 
     if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, proj_bulk_kernel<P>);
     if (e != cudaSuccess) return e;
     limit[dev] = (optin - int(fa.sharedSizeBytes)) & ~127;
+    fixed[dev] = int(fa.sharedSizeBytes);
   }
   if (smem > limit[dev]) return cudaErrorNotSupported;
-  if (smem > 48 * 1024 && smem > opted[dev]) {
+  if (smem + fixed[dev] > 48 * 1024 && smem > opted[dev]) {
     const cudaError_t e = cudaFuncSetAttribute(proj_bulk_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     opted[dev] = smem;

@@ -87,9 +87,9 @@ __device__ void load_rows_tagged(T* hs, int Kp, const unsigned long long* src, i
   }
 }
 
-// v4's lane reduction: a reduce-scatter. Each of the S lanes holds NV partial sums; at every level a lane keeps one
-// half of its values and sends the other half to its partner (lane ^ OFF), so the values to sum halve each level:
-// NV/2 + NV/4 + ... shuffles (15 for 16 values over 16 lanes) instead of NV * log2(S) for a full butterfly (64).
+// The lanes' reduction (dot_pass): a reduce-scatter. Each of the S lanes holds NV partial sums; at every level a lane
+// keeps one half of its values and sends the other half to its partner (lane ^ OFF), so the values to sum halve each
+// level: NV/2 + NV/4 + ... shuffles (15 for 16 values over 16 lanes) instead of NV * log2(S) for a full butterfly (64).
 // Afterwards lane s holds the sums of values [s*NV/S, (s+1)*NV/S) when S <= NV, or of value s/(S/NV) when S > NV.
 template <int OFF, int N, int NV>
 __device__ __forceinline__ void reduce_scatter(float (&v)[NV], int s) {
@@ -146,85 +146,60 @@ __device__ __forceinline__ void zero_pad(T* tile, int rows, int Kp, int n, int t
     for (int p = tid; p < rows * (Kp - n); p += kThreads) tile[(p / (Kp - n)) * Kp + n + p % (Kp - n)] = from_f<T>(0.f);
 }
 
-// The tile's nr rows (hs, row length Kp = KPT*S, zero past H) times the unit's three rows: ghs[(r*3 + g)*Hb + u],
-// Hb = kThreads/S. RB = 2 (v3): two rows at a time, 6 FMA chains, butterfly over the S lanes; RB = 4 (v4): four rows
-// at a time, 12 chains, reduce-scatter.
-template <class T, int KPT, int S, int RB>
-__device__ __forceinline__ void dot_rows(const float (&w)[3][KPT], const T* hs, float* ghs, int nr, int s, int u) {
-  constexpr int Kp = KPT * S;
-  constexpr int Hb = kThreads / S;
-  if constexpr (RB == 4) {
-    // 4'. v4: four rows at a time (12 FMA chains, 16 values with a zero pad per row), reduce-scatter.
-    constexpr int NV = 16;
-    for (int r = 0; r < nr; r += 4) {
-      const T* hq[4];
+// Rows r .. r+NR-1 of the tile's nr rows (hs, row length Kp = KPT*S, zero past H; rows past nr repeat the last)
+// times the unit's three rows: 3 NR FMA chains over lane s's KPT columns, then the unit's S lanes reduce the 4 NR
+// values (row q, gate g at q*4 + g; g = 3 a zero pad) with a reduce-scatter (NR = 2 at S = 16: 8 shuffles, where a
+// butterfly of the 6 sums took 24 shuffles and 24 adds), and the lanes left holding a sum of a row < nr store it:
+// ghs[((r + q)*3 + g)*Hb + u]. v3 with the butterfly, then with this (H100, fp32, T = 30, graph, two rounds):
+// batch 8 82.6-83.3 -> 81.9-82.0 us, batch 16 107.5-108.3 -> 106.3-106.5, batch 32 145.6-147.2 -> 143.5.
+template <class T, int KPT, int S, int NR>
+__device__ __forceinline__ void dot_pass(const float (&w)[3][KPT], const T* hs, float* ghs, int r, int nr, int s,
+                                         int u) {
+  constexpr int Kp = KPT * S, Hb = kThreads / S, NV = 4 * NR;
+  const T* h[NR];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) hq[q] = hs + min(r + q, nr - 1) * Kp + s * 4;  // past the end: repeat
-      float acc[NV];
+  for (int q = 0; q < NR; ++q) h[q] = hs + min(r + q, nr - 1) * Kp + s * 4;
+  float acc[NV];
 #pragma unroll
-      for (int i = 0; i < NV; ++i) acc[i] = 0.f;
+  for (int i = 0; i < NV; ++i) acc[i] = 0.f;
 #pragma unroll
-      for (int c = 0; c < KPT / 4; ++c) {
-        float4 x[4];
+  for (int c = 0; c < KPT / 4; ++c) {
+    float4 x[NR];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) x[q] = ld4(hq[q] + c * 4 * S);
+    for (int q = 0; q < NR; ++q) x[q] = ld4(h[q] + c * 4 * S);
 #pragma unroll
-        for (int g = 0; g < 3; ++g)
+    for (int g = 0; g < 3; ++g)
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            float& y = acc[q * 4 + g];
-            y = fmaf(w[g][c * 4 + 0], x[q].x, y);
-            y = fmaf(w[g][c * 4 + 1], x[q].y, y);
-            y = fmaf(w[g][c * 4 + 2], x[q].z, y);
-            y = fmaf(w[g][c * 4 + 3], x[q].w, y);
-          }
+      for (int q = 0; q < NR; ++q) {
+        float& y = acc[q * 4 + g];
+        y = fmaf(w[g][c * 4 + 0], x[q].x, y);
+        y = fmaf(w[g][c * 4 + 1], x[q].y, y);
+        y = fmaf(w[g][c * 4 + 2], x[q].z, y);
+        y = fmaf(w[g][c * 4 + 3], x[q].w, y);
       }
-      reduce_scatter<S / 2, NV, NV>(acc, s);
-      if constexpr (S <= NV) {
+  }
+  reduce_scatter<S / 2, NV, NV>(acc, s);
+  if constexpr (S <= NV) {
 #pragma unroll
-        for (int i = 0; i < NV / S; ++i) {
-          const int idx = s * (NV / S) + i, q = idx / 4, g = idx % 4;  // value idx = row q, gate g (3: pad)
-          if (g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[i];
-        }
-      } else {
-        const int idx = s / (S / NV), q = idx / 4, g = idx % 4;
-        if (s % (S / NV) == 0 && g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[0];
-      }
+    for (int i = 0; i < NV / S; ++i) {
+      const int idx = s * (NV / S) + i, q = idx / 4, g = idx % 4;
+      if (g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[i];
     }
   } else {
-    // 4. h W_hh^T for (row, unit u), two rows at a time: 6 FMA chains, KPT/4 x 2 16-byte shared loads.
-    for (int r = 0; r < nr; r += 2) {
-      const int r1 = min(r + 1, nr - 1);
-      const T* ha = hs + r * Kp + s * 4;
-      const T* hb = hs + r1 * Kp + s * 4;
-      float acc[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int c = 0; c < KPT / 4; ++c) {
-        const float4 x0 = ld4(ha + c * 4 * S), x1 = ld4(hb + c * 4 * S);
-#pragma unroll
-        for (int g = 0; g < 3; ++g) {
-          acc[g] = fmaf(w[g][c * 4 + 0], x0.x, acc[g]);
-          acc[g] = fmaf(w[g][c * 4 + 1], x0.y, acc[g]);
-          acc[g] = fmaf(w[g][c * 4 + 2], x0.z, acc[g]);
-          acc[g] = fmaf(w[g][c * 4 + 3], x0.w, acc[g]);
-          acc[3 + g] = fmaf(w[g][c * 4 + 0], x1.x, acc[3 + g]);
-          acc[3 + g] = fmaf(w[g][c * 4 + 1], x1.y, acc[3 + g]);
-          acc[3 + g] = fmaf(w[g][c * 4 + 2], x1.z, acc[3 + g]);
-          acc[3 + g] = fmaf(w[g][c * 4 + 3], x1.w, acc[3 + g]);
-        }
-      }
-      // butterfly over the unit's S lanes (aligned groups of S inside the warp): every lane gets the sums
-#pragma unroll
-      for (int off = S / 2; off > 0; off >>= 1)
-#pragma unroll
-        for (int q = 0; q < 6; ++q) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], off);
-      // lanes 0..5 of the unit store the 6 sums (row r gates r,z,n; row r1 gates r,z,n)
-      float v = acc[0];
-#pragma unroll
-      for (int q = 1; q < 6; ++q) v = (s == q) ? acc[q] : v;
-      if (s < 3 || (s < 6 && r1 != r)) ghs[((s < 3 ? r : r1) * 3 + s % 3) * Hb + u] = v;
-    }
+    const int idx = s / (S / NV), q = idx / 4, g = idx % 4;
+    if (s % (S / NV) == 0 && g < 3 && r + q < nr) ghs[((r + q) * 3 + g) * Hb + u] = acc[0];
   }
+}
+
+// The tile's nr rows times the unit's three rows, one fp32 sum per (row, gate, unit) into ghs[(r*3 + g)*Hb + u],
+// Hb = kThreads/S, in passes of RB rows: v3 RB = 2 (6 FMA chains), v4 RB = 4 (12 chains: more independent work per
+// shared load and per shuffle), and RB = 1 where a block owns one row (both versions: a pass of two would compute
+// that row twice). One pass size a kernel: with a tail of smaller passes in the same kernel instead (no row computed
+// twice anywhere), v3 gained less at batch 1 (65.5 -> 61.7 us), and v4 at batch 16/64 and v6 (2 layers) at batch
+// 8/64 lost 2% (101.5 -> 103.6, 212.3 -> 216.1; 142.8 -> 146.3, 461.6 -> 470.8; H100, fp32, graph).
+template <class T, int KPT, int S, int RB>
+__device__ __forceinline__ void dot_rows(const float (&w)[3][KPT], const T* hs, float* ghs, int nr, int s, int u) {
+  for (int r = 0; r < nr; r += RB) dot_pass<T, KPT, S, RB>(w, hs, ghs, r, nr, s, u);
 }
 
 // 5. Gates and the update for the chunk's nr rows (rows c0.. of the block's slice, which starts at batch row b0),

@@ -13,9 +13,9 @@ share), decoder.cu: kernels and launchers), cpp_src/gru/gru.cpp (the binding, na
 
 Versions: 'cpu' (C++, at::parallel_for), 'v1' (per-step GEMMs + fused gates), 'v2' (input projection of all steps
 as one GEMM up front), 'v3' (persistent: W_hh in registers across all steps, one grid barrier per step), 'v4' (v3
-with four batch rows per pass and a reduce-scatter across the lanes: fewer shuffles and more independent FMAs a
-step), 'v5' (v3's loop with h W_hh^T on tensor cores: mma.sync in fp16/bf16, and in TF32 on float32 tensors: that
-is the `tf32` precision, compared with cuDNN with TF32), 'v6' (v3's step, the layers of a stack as a wavefront in
+with four batch rows per pass: more independent FMAs and fewer shuffles a step), 'v5' (v3's loop with h W_hh^T on
+tensor cores: mma.sync in fp16/bf16, and in TF32 on float32 tensors: that is the `tf32` precision, compared with
+cuDNN with TF32), 'v6' (v3's step, the layers of a stack as a wavefront in
 one launch: layer l at step t while the layer below is further on). dtypes: float32, float16, bfloat16 everywhere
 (fp32 accumulation, fp32 gates); float64 on 'cpu', 'v1', 'v2'.
 Baselines: nn.GRU itself (cuDNN on the GPU) at strict fp32 (torch.backends.cudnn.allow_tf32 = False, the same
@@ -248,7 +248,7 @@ VERSIONS = [
             graph=True, ceiling="gemm"),
     Version("v3", _kernel("v3"), "cuda", "persistent: W_hh in registers, 1 grid barrier per step, 1 launch",
             dtypes=V3_DTYPES, graph=True),
-    Version("v4", _kernel("v4"), "cuda", "v3 + 4 batch rows per pass, reduce-scatter over the lanes",
+    Version("v4", _kernel("v4"), "cuda", "v3 + 4 batch rows per pass (12 FMA chains)",
             dtypes=V3_DTYPES, graph=True),
     Version("v5", _kernel("v5"), "cuda", "v3's persistent loop, h W_hh^T on tensor cores (mma.sync; W_hh slice "
                                          "in shared memory): fp16/bf16, TF32 on float32",
