@@ -76,8 +76,17 @@
 //     graph); with two rows a block it measures 1-2% slower, so the plan keeps the counters there (v3.cu's header).
 //     Behind proj.cu the launch starts early and loads W_hh while the projection runs (v3.cu: gru_v3). The goal is 3x
 //     cuDNN at B = 1 and 8: met at batch 1, missed at batch 8, where the persistent kernel alone is ahead of 3x and
-//     the kernels before it (cuBLAS's projection, the fill) and the launch gaps are the margin (notebook 03 prints
-//     the split per run).
+//     the kernels before it (proj.cu's projection) and the launch gaps are the margin (notebook 03 prints the split
+//     per run).
+//     Where a step's time goes (a dev build stamping %globaltimer at each phase in thread 0 of every block; H100,
+//     fp32, T = 30, L2 warm; the timer ticks every 256 ns, so these are means over 27 steps x all blocks): batch 1
+//     and 4 (tagged, one row a block) 1.84-1.85 us a step: ~1.0 us from the last writer's gates to this block's h
+//     tile in shared memory (the exchange), ~0.5 us of dot products (before the one-row passes: a pair), ~0.3 us of
+//     gates. Batch 8 (two rows a block): 2.28 us with the counters (the exchange 1.43 us: fence, count, then the
+//     loads), 2.13 with the tagged words (1.07). The exchange is the largest part, and Hopper's cluster hardware
+//     does not shorten it: a slice as one 16-block cluster (W_hh half in shared memory to fit 16 SMs) exchanging h
+//     through distributed shared memory and one barrier.cluster a step takes 0.84-0.91 us a step for the exchange
+//     alone, and at most 7 such clusters fit the chip (.ci/cluster_exchange_probe.cu, H100): not built.
 //   - B = 128: the FP32 FMA pipe. 2*B*3H*H = 201 MFLOP a step over 128 SMs at 128 FMA/clk/SM and the datasheet's
 //     1.98 GHz boost (64.9 TFLOP/s) is ~3.1 us; the L2 reads of h (each block its Bb = 32 rows, 64 KB) take ~1.5 us
 //     (an estimate); plus the barrier. v3 beats cuDNN here, but with the input-projection GEMM (3 GFLOP of strict
