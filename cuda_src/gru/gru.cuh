@@ -49,7 +49,7 @@
 //       persistent.cuh.)
 //   v4: v3 with four batch rows per pass: 12 independent FMA chains instead of 6, 15 shuffles per 4 rows instead of
 //       16: the same work, less exposed latency. (The reduce-scatter was v4's second idea, against v3's butterfly of
-//       48 shuffles per 4 rows; v3 took it too, which bought it 1-1.5% at batch 8..32: rowstep.cuh.)
+//       48 shuffles per 4 rows; v3 took it too, which bought it 1-2% at batch 8..32: rowstep.cuh.)
 //   v5: v3's loop with h_{t-1} W_hh^T on tensor cores (mma.sync: fp16/bf16 as stored, TF32 on float32 tensors), the
 //       block's W_hh slice in shared memory, the gates applied from the mma fragments; eight warp grids, one chosen
 //       per (batch, hidden) by a step-time estimate (v5.cu's header has the split and the napkin math).

@@ -195,10 +195,11 @@ __device__ __forceinline__ void dot_pass(const float (&w)[3][KPT], const T* hs, 
 
 // The tile's nr rows times the unit's three rows, one fp32 sum per (row, gate, unit) into ghs[(r*3 + g)*Hb + u],
 // Hb = kThreads/S, in passes of RB rows: v3 RB = 2 (6 FMA chains), v4 RB = 4 (12 chains: more independent work per
-// shared load and per shuffle), and RB = 1 where a block owns one row (both versions: a pass of two would compute
-// that row twice). One pass size a kernel: with a tail of smaller passes in the same kernel instead (no row computed
-// twice anywhere), v3 gained less at batch 1 (65.5 -> 61.7 us), and v4 at batch 16/64 and v6 (2 layers) at batch
-// 8/64 lost 2% (101.5 -> 103.6, 212.3 -> 216.1; 142.8 -> 146.3, 461.6 -> 470.8; H100, fp32, graph).
+// shared load and per shuffle), and RB = 1 where a block owns one row (v3's and v6's rb=2 builds: a pass of two
+// computed that row twice; v4 keeps its fours). One pass size a kernel: with a tail of smaller passes in the same
+// kernel instead (no row computed twice anywhere), v3 gained less at batch 1 (65.5 -> 61.7 us), and v4 at batch
+// 16/64 and v6 (2 layers) at batch 8/64 lost 2% (101.5 -> 103.6, 212.3 -> 216.1; 142.8 -> 146.3, 461.6 -> 470.8;
+// H100, fp32, graph).
 template <class T, int KPT, int S, int RB>
 __device__ __forceinline__ void dot_rows(const float (&w)[3][KPT], const T* hs, float* ghs, int nr, int s, int u) {
   for (int r = 0; r < nr; r += RB) dot_pass<T, KPT, S, RB>(w, hs, ghs, r, nr, s, u);
