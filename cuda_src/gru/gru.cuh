@@ -74,10 +74,12 @@
 //     a few microseconds a step. The tagged exchange (persistent.cuh) takes the fence, the count and the second
 //     round trip off the chain where a block owns one row (11-12% faster than the counters at batch 1..4, fp32,
 //     graph); with two rows a block it measures 1-2% slower, so the plan keeps the counters there (v3.cu's header).
-//     Behind proj.cu the launch starts early and loads W_hh while the projection runs (v3.cu: gru_v3). The goal is 3x
-//     cuDNN at B = 1 and 8: met at batch 1, missed at batch 8, where the persistent kernel alone is ahead of 3x and
-//     the kernels before it (proj.cu's projection) and the launch gaps are the margin (notebook 03 prints the split
-//     per run).
+//     Behind proj.cu the launch starts early and loads W_hh while the projection runs (v3.cu: gru_v3) on the SMs
+//     the projection leaves room on: at batch 1 the ring kernel's 48 blocks leave 84; at batch 8 the bulk kernel's
+//     120 blocks (128 registers x 256 threads each, beside this kernel's 194 x 256: 82 K of an SM's 64 K) leave 12.
+//     The goal is 3x cuDNN at B = 1 and 8: met at batch 1, missed at batch 8, where the persistent kernel alone is
+//     ahead of 3x and the kernels before it (proj.cu's projection) and the launch gaps are the margin (notebook 03
+//     prints the split per run).
 //     Where a step's time goes (a dev build stamping %globaltimer at each phase in thread 0 of every block; H100,
 //     fp32, T = 30, L2 warm; the timer ticks every 256 ns, so these are means over 27 steps x all blocks): batch 1
 //     and 4 (tagged, one row a block) 1.84-1.85 us a step: ~1.0 us from the last writer's gates to this block's h
