@@ -349,9 +349,9 @@ cudaError_t proj_bulk_launch(const float* x, const float* w, float* out, int M, 
   // Per device: the most dynamic shared memory a block of this kernel may take (the opt-in limit less its static
   // mbarriers, rounded down to 128 bytes), asked once, so a K too large is declined here rather than by a failing
   // cudaFuncSetAttribute (an API error under compute-sanitizer); its static bytes; and the size the kernel has opted
-  // in to so far. The default limit (48 KB) counts static and dynamic bytes together: at K = 96 the partial sums
-  // take exactly 48 KB, and without the opt-in that launch failed (cudaErrorInvalidValue) in a process whose first
-  // bulk projection it was (found by compute-sanitizer's run of the seq2seq small model).
+  // in to so far. The default limit (48 KB) counts static and dynamic bytes together: for K <= 96 the partial sums
+  // are the larger part, exactly 48 KB, and without the opt-in such a launch failed (cudaErrorInvalidValue) in a
+  // process whose first bulk projection it was (found by compute-sanitizer's run of the seq2seq small model).
   static int limit[64] = {}, fixed[64] = {}, opted[64] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return cudaErrorNotSupported;
