@@ -111,8 +111,8 @@ def test_input_projection_matches_float64(dtype, shape):
 @needs_gpu
 def test_first_bulk_projection_of_a_process_opts_in_at_exactly_48_kb():
     # proj.cu's bulk kernel at K <= 96 (here 96): its partial sums take exactly 48 KB of dynamic shared memory, and
-    # with its static mbarriers the block is past the default limit, so it must opt in. An opt-in lasts for the process, so a
-    # launch at larger K earlier in this one would hide a missing one: a fresh process.
+    # with its static mbarriers the block is past the default limit, so it must opt in. An opt-in lasts for the
+    # process, so a launch at larger K earlier in this one would hide a missing one: a fresh process.
     code = ("import torch; from lab.kernels import gru as k; g = torch.Generator().manual_seed(0); "
             "x = torch.randn(200, 96, generator=g).cuda(); w = torch.randn(64, 96, generator=g).cuda(); "
             "out = k.input_projection(x, w); want = x.double() @ w.double().t(); "
