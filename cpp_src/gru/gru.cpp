@@ -26,7 +26,8 @@
 //
 // Launchers: "gru_gates" (cuda_src/gru/gates.cu), "gru_decoder_prep" (decoder.cu), per variant of greedy.cu
 // "gru_greedy_plan@<wide>" / "gru_greedy@<wide>" (wide 0 / 1: the tile width), per variant of v3.cu
-// "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" (dtype f32/f16/bf16; rb 2 = v3, rb 4 = v4), per variant of
+// "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" (dtype f32/f16/bf16; rb 2 = v3, 1 = v3 at one batch row a
+// block, 4 = v4), per variant of
 // v5.cu "gru_v5_plan@<dtype>" / "gru_v5@<dtype>" (f32 multiplies in TF32), per variant of v6.cu
 // "gru_v6_plan@<dtype>,<rb>" / "gru_v6@<dtype>,<rb>"; the CPU unit's
 // "gru_layer_cpu_<dtype>", "gru_gates_cpu_<dtype>", "decoder_tokens_cpu_<dtype>", "decoder_gather_cpu_<dtype>",
@@ -172,10 +173,12 @@ std::pair<int64_t, int64_t> check_forward(const at::Tensor& x, const std::option
 at::Tensor widened(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
 
 #ifdef LAB_WITH_CUDA
-// The v3.cu variant that runs `version` (3: rb 2, 4: rb 4) for dtype_code (0 float32, 1 float16, 2 bfloat16).
-std::string v3_variant(const char* name, int64_t version, int dtype) {
+// The v3.cu variant that runs `version` for dtype_code (0 float32, 1 float16, 2 bfloat16): 4 runs rb 4; 3 runs
+// rb 2, or rb 1 where the plan gives a block one batch row (rows_per_block; 0: not known yet, as for the plan, which
+// every rb answers alike).
+std::string v3_variant(const char* name, int64_t version, int dtype, int rows_per_block = 0) {
   static const char* dt[3] = {"f32", "f16", "bf16"};
-  return lab::cat(name, "@", dt[dtype], ",", version == 4 ? "4" : "2");
+  return lab::cat(name, "@", dt[dtype], ",", version == 4 ? "4" : rows_per_block == 1 ? "1" : "2");
 }
 
 int v3_plan_call(int64_t version, int dtype, int B, int H, int* info) {
@@ -266,7 +269,8 @@ std::string v3_plan_error(int64_t version, int status, const int* info, int64_t 
 }
 
 // v6 (cuda_src/gru/v6.cu) is built per dtype and rows-per-pass like v3.cu; it takes v4's four rows a pass (rb 4)
-// where a block has at least this many batch rows (v4 is ahead of v3 from 8 rows a block: batch 32 in v3's split).
+// where a block has at least this many batch rows (v4 is ahead of v3 from 8 rows a block: batch 32 in v3's split),
+// one row a pass (rb 1) where it has one, two between.
 constexpr int kV6Rb4Rows = 4;
 
 std::string v6_variant(const char* name, int dtype, int rb) {
@@ -276,9 +280,9 @@ std::string v6_variant(const char* name, int dtype, int rb) {
 
 int v6_plan_call(int dtype, int B, int H, int L, int T, int config, int* info, int* rb) {
   const int status = lab::launcher<V6PlanCuda>(v6_variant("gru_v6_plan", dtype, 2))(B, H, L, T, config, info);
-  *rb = info[5] >= kV6Rb4Rows ? 4 : 2;
+  *rb = info[5] >= kV6Rb4Rows ? 4 : info[5] == 1 ? 1 : 2;
   if (status != 0 || *rb == 2) return status;
-  return lab::launcher<V6PlanCuda>(v6_variant("gru_v6_plan", dtype, 4))(B, H, L, T, config, info);
+  return lab::launcher<V6PlanCuda>(v6_variant("gru_v6_plan", dtype, *rb))(B, H, L, T, config, info);
 }
 
 std::string v6_plan_error(int status, const int* info, int64_t B, int64_t H, int64_t L, at::ScalarType dt,
@@ -354,9 +358,10 @@ Exchange v3_exchange(bool grid_sync, int64_t config, int rows_per_block) {
 }
 
 // Returns whether the kernel wrote h_n's layer slice hnl itself (v3, v4); else the caller copies the last step.
-bool layer_cuda(int64_t version, int64_t config, Exchange ex, const at::Tensor& in, const at::Tensor& w_ih,
-                const at::Tensor& w_hh, const at::Tensor& b_ih, const at::Tensor& b_hh, const at::Tensor& h0l,
-                at::Tensor& o, at::Tensor hnl) {
+// rows_per_block: v3/v4's plan's (it picks v3's variant), 0 for the other versions.
+bool layer_cuda(int64_t version, int64_t config, Exchange ex, int rows_per_block, const at::Tensor& in,
+                const at::Tensor& w_ih, const at::Tensor& w_hh, const at::Tensor& b_ih, const at::Tensor& b_hh,
+                const at::Tensor& h0l, at::Tensor& o, at::Tensor hnl) {
   const int64_t Tn = in.size(0), B = in.size(1), I = in.size(2), H = w_hh.size(1), G = 3 * H;
   const int dt = dtype_code(in.scalar_type());
   const int b = lab::check_int32(B, "batch"), h = lab::check_int32(H, "hidden");
@@ -404,7 +409,7 @@ bool layer_cuda(int64_t version, int64_t config, Exchange ex, const at::Tensor& 
     return false;
   }
   // cuda_src/gru/v3.cu, the variant of this version (rb 2 / 4) and dtype
-  const V3Cuda gru_v3 = lab::launcher<V3Cuda>(v3_variant("gru_v3", version, dt));
+  const V3Cuda gru_v3 = lab::launcher<V3Cuda>(v3_variant("gru_v3", version, dt, rows_per_block));
   LAB_CUDA_CHECK(gru_v3(gi.data_ptr<float>(), w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
                         h0l.defined() ? h0l.data_ptr() : nullptr, o.data_ptr(), hnl.data_ptr(),
                         lab::check_int32(Tn, "seq_len"), b, h,
@@ -477,6 +482,7 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
 #ifdef LAB_WITH_CUDA
       c10::cuda::CUDAGuard guard(x.device());
       Exchange ex = grid_sync ? Exchange::kGrid : Exchange::kCounters;
+      int rows_per_block = 0;
       if (version == 5) {
         int info[12];
         const int status = v5_plan_call(dtype_code(x.scalar_type()), lab::check_int32(B, "batch"),
@@ -488,8 +494,9 @@ std::tuple<at::Tensor, at::Tensor> gru_forward(const at::Tensor& x, const std::o
                                         lab::check_int32(H, "hidden"), info);
         LAB_CHECK_VALUE(status == 0, v3_plan_error(version, status, info, B, H, x.scalar_type()));
         ex = v3_exchange(grid_sync, config, info[5]);
+        rows_per_block = info[5];
       }
-      if (!layer_cuda(version, config, ex, in, w_ih, w_hh, b_ih, b_hh, h0l, o, h_n.select(0, l)))
+      if (!layer_cuda(version, config, ex, rows_per_block, in, w_ih, w_hh, b_ih, b_hh, h0l, o, h_n.select(0, l)))
         h_n.select(0, l).copy_(o.select(0, Tn - 1));
 #else
       LAB_NO_CUDA_BUILD("gru_forward");

@@ -1,10 +1,10 @@
 // gru/v3.cu — v3 and v4: the persistent kernel, its plan and its launcher (the ladder and the work split: gru.cuh).
-// lab:variants dtype=f32,f16,bf16 rb=2,4
+// lab:variants dtype=f32,f16,bf16 rb=1,2,4
 //
 // Built once per variant, so one build instantiates the KPT x S configurations (6 kernels) of one storage type and
-// one RB: rb=2 is v3 (rows in pairs, and 6 more kernels of one row a pass: v3_kernel_pick), rb=4 is v4 (fours).
-// The binding picks "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" by version and dtype. The plan asks the
-// occupancy API about the kernel it would launch, so plan and launch live here together.
+// one RB: rb=2 is v3 (rows in pairs), rb=1 is v3 where a block owns one batch row, rb=4 is v4 (fours). The binding
+// picks "gru_v3_plan@<dtype>,<rb>" / "gru_v3@<dtype>,<rb>" by version, dtype and the plan's rows per block. The
+// plan asks the occupancy API about the kernel it would launch, so plan and launch live here together.
 //
 // The input projection (x W_ih^T for all T steps) is a GEMM before the launch (cpp_src/gru/gru.cpp: cuBLAS, or
 // proj.cu's kernel for fp32 with T*B <= 128, which also zeroes the step counters). Nsight
@@ -45,12 +45,14 @@ namespace gru {
 namespace cg = cooperative_groups;
 
 // This build's variant: the storage type VT of the kernels (persistent.cuh) and the rows per pass RB.
-#if defined(LAB_VARIANT_rb_2)
+#if defined(LAB_VARIANT_rb_1)
+constexpr int kRB = 1;
+#elif defined(LAB_VARIANT_rb_2)
 constexpr int kRB = 2;
 #elif defined(LAB_VARIANT_rb_4)
 constexpr int kRB = 4;
 #else
-#error "gru/v3.cu is built per variant (// lab:variants above): -DLAB_VARIANT_rb_2 or _rb_4"
+#error "gru/v3.cu is built per variant (// lab:variants above): -DLAB_VARIANT_rb_1, _rb_2 or _rb_4"
 #endif
 
 // =================================================================================================================
@@ -165,15 +167,11 @@ const void* v3_kernel_for(int kpt, int s) {
   return s == 16 ? v3_kernel<T, 32, 16, RB>() : v3_kernel<T, 32, 32, RB>();
 }
 
-// The kernel a plan launches: passes of kRB rows, or, in v3's build, of one row where a block owns one (batch 1..4
-// at hidden 512: a pass of two computed that row twice). H100, fp32, T = 30, graph, L2 flushed, two rounds: batch 1
-// 65.2-65.6 -> 59.1 us, batch 3 69.1-69.7 -> 62.9-63.0, batch 4 72.1-72.8 -> 66.0-66.1. v4 keeps its fours (the
-// rung it is; v3 is the default there). The cost: the rb=2 unit compiles 12 kernels (5.0 s instead of 3.5 on 2 cores).
-inline const void* v3_kernel_pick(int kpt, int s, int bb) {
-  if constexpr (kRB == 2)
-    if (bb == 1) return v3_kernel_for<VT, 1>(kpt, s);
-  return v3_kernel_for<VT, kRB>(kpt, s);
-}
+// rb=1: passes of one row, which v3 runs where a block owns one (batch 1..4 at hidden 512: a pass of two computed
+// that row twice). H100, fp32, T = 30, graph, L2 flushed, two rounds: batch 1 65.2-65.6 -> 59.1 us, batch 3
+// 69.1-69.7 -> 62.9-63.0, batch 4 72.1-72.8 -> 66.0-66.1 (measured as 6 more kernels in the rb=2 unit, 04ade4a; a
+// unit of its own since, so a one-line edit of this file waits for units of 6 kernels: 9.9 s on the H100 machine
+// with 12 in one unit). v4 keeps its fours (the rung it is; v3 is the default there).
 
 // version 3: rows in pairs (one at a time where a block owns one); version 4: rows in fours. A variant build holds
 // the kernels of one (dtype, RB): choosing the version and dtype is the binding's choice of variant name.
@@ -205,7 +203,7 @@ inline Plan make_plan(int B, int H) {
     p.status = 2;
     return p;
   }
-  p.status = coresident_blocks(v3_kernel_pick(p.kpt, p.s, p.bb), p.smem, &p.max_coresident);
+  p.status = coresident_blocks(v3_kernel_for<VT, kRB>(p.kpt, p.s), p.smem, &p.max_coresident);
   if (p.status == 0 && p.blocks > p.max_coresident) p.status = 3;
   return p;
 }
@@ -244,7 +242,7 @@ cudaError_t gru_v3(const float* gi, const void* w_hh, const void* b_ih, const vo
   V3Args a{gi, w_hh, b_ih, b_hh, h0, out, h_n, T, B, H, p.ph, p.bb, p.bc, counters, hx};
   void* args[] = {&a};
   // cooperative: the blocks of a slice wait for each other (the counters) or all of them do (grid.sync())
-  return launch_cooperative(v3_kernel_pick(p.kpt, p.s, p.bb), p.blocks, p.smem, stream, args, early);
+  return launch_cooperative(v3_kernel_for<VT, kRB>(p.kpt, p.s), p.blocks, p.smem, stream, args, early);
 }
 
 LAB_EXPORTS(LAB_EXPORT("gru_v3_plan", gru_v3_plan), LAB_EXPORT("gru_v3", gru_v3))

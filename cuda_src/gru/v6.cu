@@ -1,5 +1,5 @@
 // gru/v6.cu — v6: the layers of a GRU stack as a wavefront in one persistent launch (the ladder: gru.cuh).
-// lab:variants dtype=f32,f16,bf16 rb=2,4
+// lab:variants dtype=f32,f16,bf16 rb=1,2,4
 //
 // v3 runs a stack layer after layer: a launch per layer, and before each a cuBLAS GEMM for that layer's input
 // projection (which needs the whole output sequence of the layer below). At small batch a layer's launch fills 32
@@ -53,12 +53,14 @@
 namespace gru {
 namespace cg = cooperative_groups;
 
-#if defined(LAB_VARIANT_rb_2)
+#if defined(LAB_VARIANT_rb_1)
+constexpr int kRB = 1;
+#elif defined(LAB_VARIANT_rb_2)
 constexpr int kRB = 2;
 #elif defined(LAB_VARIANT_rb_4)
 constexpr int kRB = 4;
 #else
-#error "gru/v6.cu is built per variant (// lab:variants above): -DLAB_VARIANT_rb_2 or _rb_4"
+#error "gru/v6.cu is built per variant (// lab:variants above): -DLAB_VARIANT_rb_1, _rb_2 or _rb_4"
 #endif
 
 constexpr int kMaxLayers = 4;
@@ -203,14 +205,10 @@ const void* v6_kernel_rb(int kpt, int s) {
   return s == 16 ? v6_kernel<VT, 32, 16, RB>() : v6_kernel<VT, 32, 32, RB>();
 }
 
-// As v3's pick (v3.cu): passes of one row where a block owns one, in the rb=2 build. H100, fp32, 2 layers, T = 30,
-// graph, two rounds: batch 1 94.9-95.2 -> 88.2-88.4 us. The cost: the rb=2 unit compiles 12 kernels (6.7 s on 2
-// cores, against 4.3-4.6 s for the rb=4 unit's 6).
-inline const void* v6_kernel_for(int kpt, int s, int bb) {
-  if constexpr (kRB == 2)
-    if (bb == 1) return v6_kernel_rb<1>(kpt, s);
-  return v6_kernel_rb<kRB>(kpt, s);
-}
+// rb=1 (as v3.cu's): passes of one row, which the binding takes where a block owns one. H100, fp32, 2 layers,
+// T = 30, graph, two rounds: batch 1 94.9-95.2 -> 88.2-88.4 us (measured as 6 more kernels in the rb=2 unit,
+// 04ade4a: a one-line edit of this file then took 11.8 s on the H100 machine).
+inline const void* v6_kernel_for(int kpt, int s) { return v6_kernel_rb<kRB>(kpt, s); }
 
 // A step's time by rows per block, for choosing the layers per launch: a latency part and a part that grows with
 // the rows a block multiplies (3·KPT FMAs a lane a row). Fit to the H100 sweep of this kernel (fp32, H = 512,
@@ -271,7 +269,7 @@ inline Plan6 make_plan6(int B, int H, int L, int T, int config) {
     p.status = 2;
     return p;
   }
-  p.status = coresident_blocks(v6_kernel_for(p.kpt, p.s, p.bb), p.smem, &p.max_coresident);
+  p.status = coresident_blocks(v6_kernel_for(p.kpt, p.s), p.smem, &p.max_coresident);
   if (p.status == 0 && p.blocks > p.max_coresident) p.status = 3;
   return p;
 }
@@ -311,7 +309,7 @@ cudaError_t gru_v6(int L, const void* const* w_ih, const void* const* w_hh, cons
   a.L = L, a.T = T, a.B = B, a.H = H, a.Ph = p.ph, a.Pb = p.pb, a.Bb = p.bb, a.BC = p.bc;
   a.counters = counters;
   void* args[] = {&a};
-  return launch_cooperative(v6_kernel_for(p.kpt, p.s, p.bb), p.blocks, p.smem, stream, args);
+  return launch_cooperative(v6_kernel_for(p.kpt, p.s), p.blocks, p.smem, stream, args);
 }
 
 LAB_EXPORTS(LAB_EXPORT("gru_v6_plan", gru_v6_plan), LAB_EXPORT("gru_v6", gru_v6))
