@@ -21,7 +21,7 @@ def _inputs(batch, factors, dtype, device, seed=0):
 
 
 def _versions(device):
-    return ["torch", "torch.bmm", "torch.kron"] + (["v1", "v2"] if device == "cuda" else ["cpu"])
+    return ["torch", "torch.bmm", "torch.kron"] + (["v1", "v2", "v6"] if device == "cuda" else ["cpu"])
 
 
 @pytest.mark.parametrize("device", devices())
@@ -55,7 +55,7 @@ def test_convention_by_hand():
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("version", ["cpu", "v1", "v2"])
+@pytest.mark.parametrize("version", ["cpu", "v1", "v2", "v6"])
 @pytest.mark.parametrize("factors", ["2x3", "3x2x2", "4x1x3"])
 def test_gradcheck(version, factors, device):
     if (version == "cpu") != (device == "cpu"):
@@ -72,7 +72,7 @@ def test_gradients_match_torch(batch, factors, dtype, device):
     x, *ws = _inputs(batch, factors, dtype, device, seed=3)
     gy = torch.randn(x.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(dtype).to(device)
     ref = K._train("torch")(x.double(), gy.double(), *[w.double() for w in ws])
-    for v in ["cpu"] if device == "cpu" else ["v1", "v2"]:
+    for v in ["cpu"] if device == "cpu" else ["v1", "v2", "v6"]:
         got = K._train(v)(x, gy, *ws)
         for name, a, b in zip(["y", "dx"] + [f"dW{k + 1}" for k in range(len(ws))], got, ref):
             verify.assert_close(a, b, dtype, what=f"{v} {name}")
@@ -140,6 +140,64 @@ def test_v2_every_configuration_and_slice_width(batch, factors, dtype):
         assert not K.plan(batch, factors, dtype, "cuda")["fits"]
         assert dtype == torch.float64 and factors == "64x64x64", f"no (cfg, c) fits for {factors} {dtype}"
         verify.assert_close(K.forward(x, ws, out=torch.full_like(x, math.nan), version="v2"), ref, dtype, what="v2")
+
+
+# v6: two factors in strict fp32. Every slice width it plans, on shapes where it applies (f_1 = 96 and 192: 6 and 12
+# warps, not powers of two; f_1 < f_2 and f_1 > f_2; one slice a sample; batches 1 and 300), out and the saved state
+# poisoned; and where it does not (K != 2, a factor not a multiple of 4, float64): it runs v2, with the same answer.
+@needs_gpu
+@pytest.mark.parametrize("batch,factors", [(3, "128x128"), (1, "128x128"), (300, "128x128"), (5, "96x64"),
+                                           (2, "64x128"), (4, "192x32"), (7, "32x32"), (3, "16x64")])
+def test_v6_every_slice_width(batch, factors):
+    x, *ws = _inputs(batch, factors, torch.float32, "cuda", seed=11)
+    ref = K.kron_ref(x.double(), *[w.double() for w in ws])
+    f1, f2 = K.parse_factors(factors)
+    state_ref = torch.einsum("bij,jn->bin", x.double().view(batch, f2, f1).transpose(1, 2), ws[1].double())
+    tried = []
+    for cfg, tm in ((0, 4), (1, 8)):
+        for c in (4, 8, 16, 32, 64):
+            p = K.plan(batch, factors, torch.float32, "cuda", cfg=cfg, cols=c, version="v6")
+            if not p["fits"]:
+                continue
+            assert (p["cfg"], p["c"], p["slices"], p["TM"]) == (cfg, c, f2 // c, tm)
+            assert p["threads"] == f1 * c // 16                   # cfg 1: two k-parts of 8x4 tiles
+            tried.append((cfg, c))
+            states = [torch.full_like(x, math.nan)]
+            out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v6", states=states, cfg=cfg, cols=c)
+            verify.assert_close(out, ref, torch.float32, what=f"v6 {factors} cfg={cfg} c={c}")
+            verify.assert_close(states[0], state_ref.reshape(batch, -1), torch.float32, what=f"v6 state c={c}")
+    assert tried, f"v6 should take {factors}"
+    auto = K.plan(batch, factors, torch.float32, "cuda", version="v6")
+    assert auto["fits"] and (auto["cfg"], auto["c"]) in tried
+
+
+@needs_gpu
+@pytest.mark.parametrize("batch,factors,dtype", [(3, "3x4x5", torch.float32), (2, "6x8", torch.float32),
+                                                 (3, "128x128", torch.float64), (2, "12x20", torch.float32),
+                                                 (1, "8", torch.float32)])
+def test_v6_runs_v2_where_it_does_not_apply(batch, factors, dtype):
+    assert not K.plan(batch, factors, torch.float32, "cuda", version="v6")["fits"] or dtype == torch.float64
+    x, *ws = _inputs(batch, factors, dtype, "cuda", seed=12)
+    out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v6")
+    verify.assert_close(out, K.kron_ref(x.double(), *[w.double() for w in ws]), dtype, what=f"v6 -> v2 {factors}")
+
+
+@needs_gpu
+def test_v6_propagates_nan_and_takes_offset_views():
+    x, *ws = _inputs(6, "128x128", torch.float32, "cuda", seed=13)
+    x[2, 77] = math.nan                                        # one sample's NaN stays in that sample
+    ref = K.kron_ref(x.double(), *[w.double() for w in ws])
+    out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v6")
+    assert out[2].isnan().all() and not out[[0, 1, 3, 4, 5]].isnan().any()
+    keep = [0, 1, 3, 4, 5]
+    verify.assert_close(out[keep], ref[keep], torch.float32, what="v6 beside a NaN sample")
+    # a view one element into a buffer is not 16-byte aligned: v6 hands it to v2 (element paths)
+    buf = torch.full((6 * 16384 + 1,), math.nan, device="cuda")
+    odd = buf[1:].view(6, 16384)
+    xc = x.clone()
+    xc[2, 77] = 0.0
+    got = K.forward(xc, ws, out=odd, version="v6")
+    verify.assert_close(got, K.kron_ref(xc.double(), *[w.double() for w in ws]), torch.float32, what="v6, offset out")
 
 
 @needs_gpu
@@ -280,10 +338,10 @@ def test_bad_input_says_what_is_wrong(version, device):
 def test_version_on_the_wrong_device_says_so(device):
     x, w3, w4 = torch.randn(3, 12, device=device), torch.randn(3, 3, device=device), torch.randn(4, 4, device=device)
     # the C++ boundary's message (lab::check_version), through autograd and through the plain forward
-    for v in ["v1", "v2", "v3"] if device == "cpu" else ["cpu"]:
+    for v in ["v1", "v2", "v3", "v6"] if device == "cpu" else ["cpu"]:
         msg = (rf"kron: version {v[1:]} is a CUDA kernel but x is on the CPU" if device == "cpu" else
                r"kron: version 0 is the C\+\+ CPU code but x is on cuda:0 \(move to the CPU, or use a CUDA "
-               r"version 1..5\)")
+               r"version 1..6\)")
         with pytest.raises(ValueError, match=msg):
             K.kron(x, [w3, w4], v)
         with pytest.raises(ValueError, match=msg):
@@ -617,7 +675,7 @@ def test_default_reads_the_tuning_table_by_gpu_build_dtype_factors_and_nearest_b
     assert look("H100 | abc", torch.float32, 32, (64, 64)) == "v2"  # untuned factors
     assert look("H100 | abc", torch.float64, 32) == "v2"           # untuned dtype
     # a float32 call never defaults to a TF32 version, a bfloat16 one never to a strict-fp32 one
-    assert set(K.DEFAULT_CANDIDATES[torch.float32]) == {"v1", "v2"} and \
+    assert set(K.DEFAULT_CANDIDATES[torch.float32]) == {"v1", "v2", "v6"} and \
         set(K.DEFAULT_CANDIDATES[torch.bfloat16]) == {"v3", "v4", "v5"}
 
 

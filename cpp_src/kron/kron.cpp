@@ -8,8 +8,10 @@
 // (cuda_src/kron/v2.cu, planned and launched by v2_plan.cu; v1 where it does not fit); 3 = v2's fusion on tensor
 // cores (cuda_src/kron/v3.cu: TF32 on Float tensors, bf16 on BFloat16 ones); 4 = two factors on wgmma
 // (cuda_src/kron/v4.cu; v3 where it does not apply); 5 = v4's steps fed by TMA (cuda_src/kron/v5.cu; v3 where it
-// does not apply). The backward of 1 and 2 is cuda_src/kron/backward.cu (on the states their forward saved); that of
-// 3-5 is cuda_src/kron/backward_tc.cu (at their precision, the states recomputed). The CPU code computes the same
+// does not apply); 6 = version 2 for two factors in strict fp32 with every operand of a block in flight from its
+// start (cuda_src/kron/v6.cu; version 2 where it does not apply, Double tensors included). The backward of 1, 2 and 6
+// is cuda_src/kron/backward.cu (on the states their forward saved); that of 3-5 is cuda_src/kron/backward_tc.cu (at
+// their precision, the states recomputed). The CPU code computes the same
 // steps as the CUDA code (see the header of cuda_src/kron/kron.cuh for the algebra):
 //   forward   F-step  y[b] (P, f) = x[b]ᵀ (f, P)ᵀ · W          — for W_K, …, W_1 in turn
 //   backward  dW_k = Σ_b F_k[b] · dF_{k-1}[b];  dF_k[b] = W_k · dF_{k-1}[b]ᵀ;  dx = dF_K
@@ -29,6 +31,10 @@ namespace {
 namespace py = pybind11;
 
 constexpr int kMaxFactors = 16;  // as in cuda_src/kron/kron.cuh
+constexpr int64_t kLastVersion = 6;
+
+// versions 3-5 run on tensor cores (TF32 / bf16), save no states and have their own backward
+bool tensor_cores(int64_t version) { return version >= 3 && version <= 5; }
 
 // Lists of tensors arrive as Python sequences and are unpacked here, element by element, so a wrong element is
 // reported by position. Names are built with snprintf, not std::string: on the H100 box (torch 2.11, gcc 13.3) a
@@ -53,15 +59,15 @@ struct Sizes {
   int64_t B = 0, N = 0;
 };
 
-// x (batch, N) contiguous, Float or Double (version 3, the tensor-core kernel: Float or BFloat16); factors a
+// x (batch, N) contiguous, Float or Double (versions 3-5, the tensor-core kernels: Float or BFloat16); factors a
 // non-empty list of square matrices of x's dtype and device whose sizes multiply to N.
 Sizes check_layer(const at::Tensor& x, const std::vector<at::Tensor>& factors, int64_t version = 0) {
-  if (version >= 3) {
+  if (tensor_cores(version)) {
     lab::check_dtype(x, "x", {at::kFloat, at::kBFloat16});
   } else {
     lab::check_defined(x, "x");
     LAB_CHECK_TYPE(x.scalar_type() != at::kBFloat16, "kron: x is BFloat16, which only versions 3, 4 and 5 (tensor "
-                   "cores) take; versions 0-2 take Float or Double");
+                   "cores) take; versions 0-2 and 6 take Float or Double");
     lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
   }
   lab::check_dim(x, "x", 2, "(batch, N)");
@@ -165,6 +171,10 @@ FusedKernels fused_kernels(at::ScalarType t) {
 using V3Plan = void (*)(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* info);
 using V3Forward = cudaError_t (*)(const void* x, void* y, const void* const* w, const int* f, int K, int64_t B,
                                   int64_t N, int cols, cudaStream_t);
+// cuda_src/kron/v6.cu (Float only): plan as V5Plan below (cfg 0: 4x4 tiles, 1: 8x4); forward with the state F_1
+// to save (or nullptr)
+using V6Forward = cudaError_t (*)(const float* x, float* y, const float* const* w, const int* f, int K, int64_t B,
+                                  int64_t N, float* save, int cfg, int cols, cudaStream_t);
 // cuda_src/kron/v5.cu: the same with the schedule (cfg: -1 automatic, 0 split, 1 ping-pong, 2 split with W_1 in
 // registers: TF32, f_1 <= 128)
 using V5Plan = void (*)(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int64_t* info);
@@ -289,6 +299,29 @@ at::Tensor forward_tc(const at::Tensor& x, const std::vector<at::Tensor>& factor
 #endif
 }
 
+#ifdef LAB_WITH_CUDA
+// Version 6 (Float tensors): launches v6.cu's kernel and returns true where its plan fits (two factors, multiples of
+// 4, ...) and every tensor is 16-byte aligned; false: the caller runs version 2.
+bool forward_v6(const at::Tensor& x, const std::vector<at::Tensor>& factors, at::Tensor& out,
+                const std::vector<at::Tensor>& states, const Sizes& s, int64_t cfg, int64_t cols) {
+  c10::cuda::CUDAGuard guard(x.device());
+  const int K = int(s.f.size());
+  int64_t info[kron::kPlanFields];
+  lab::launcher<V5Plan>("kron_v6_plan@f32")(s.B, s.N, s.f.data(), K, int(cfg), int(cols), info);
+  auto a16 = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  bool aligned = a16(x) && a16(out);
+  for (const auto& t : factors) aligned = aligned && a16(t);
+  for (const auto& t : states) aligned = aligned && a16(t);
+  if (!info[kron::kFits] || !aligned) return false;
+  const std::vector<const float*> w = cptrs<float>(factors);
+  auto fn = lab::launcher<V6Forward>("kron_v6_forward@f32");
+  LAB_CUDA_CHECK(fn(x.data_ptr<float>(), out.data_ptr<float>(), w.data(), s.f.data(), K, s.B, s.N,
+                    states.empty() ? nullptr : states[0].data_ptr<float>(), int(cfg), int(cols), LAB_STREAM()),
+                 "kron v6 forward kernel");
+  return true;
+}
+#endif
+
 at::Tensor forward(const at::Tensor& x, py::sequence factors_, at::Tensor out, py::sequence states_,
                    int64_t version, int64_t cfg, int64_t cols) {
   return forward_impl(x, tensors(factors_, "factors"), out, tensors(states_, "states"), version, cfg, cols);
@@ -299,10 +332,10 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
   const Sizes s = check_layer(x, factors, version);
   check_like(out, "out", x, {s.B, s.N}, "(batch, N)");
   check_states(states, x, s, false);
-  lab::check_version(x, "x", version, 1, 5, "kron");
+  lab::check_version(x, "x", version, 1, kLastVersion, "kron");
   LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
   LAB_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
-  if (version >= 3) {
+  if (tensor_cores(version)) {
     LAB_CHECK_VALUE(states.empty(), "kron: version ", version, " (tensor cores) saves no states (its backward "
                     "recomputes them); pass states=[]");
     LAB_CHECK_VALUE(cfg <= 1 || version == 5, "kron: versions 3 and 4 have configurations 0 and 1 (v3: 8 or 4 "
@@ -310,6 +343,15 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
     return forward_tc(x, factors, out, s, version, cfg, cols);
   }
   const int K = int(s.f.size());
+#ifdef LAB_WITH_CUDA
+  if (version == 6) {
+    LAB_CHECK_VALUE(cfg <= 1, "kron: version 6 has configurations 0 and 1 (4x4 or 8x4 outputs a thread), got cfg ",
+                    cfg);
+    if (x.is_cuda() && x.scalar_type() == at::kFloat && forward_v6(x, factors, out, states, s, cfg, cols))
+      return out;
+    cfg = -1, cols = 0;  // v6's configuration and slice width mean nothing to v2's planner
+  }
+#endif
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_forward", [&] {
     if (x.is_cuda()) {
 #ifdef LAB_WITH_CUDA
@@ -317,10 +359,11 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
       const at::ScalarType dt = x.scalar_type();
       const auto w = cptrs<scalar_t>(factors);
       auto st = ptrs<scalar_t>(states);
-      // version 2 runs v2.cu's fused kernel where its plan fits, else (and for K = 1) v1.cu's per-factor forward
+      // version 2 (and 6 where it does not apply) runs v2.cu's fused kernel where its plan fits, else (and for
+      // K = 1) v1.cu's per-factor forward
       bool fused_fits = false;
       FusedKernels kern{};
-      if (version == 2) {
+      if (version == 2 || version == 6) {
         kern = fused_kernels(dt);
         int64_t info[kron::kPlanFields];
         lab::launcher<FusedPlanFn>(kname("kron_fused_plan", dt))(s.B, s.N, s.f.data(), K, int(cfg), int(cols), &kern,
@@ -392,7 +435,7 @@ at::Tensor backward_impl(const at::Tensor& g, const at::Tensor& x, const std::ve
   const Sizes s = check_layer(x, factors, version);
   check_like(g, "g", x, {s.B, s.N}, "(batch, N)");
   // versions 3-5 save no states (their forwards keep them on chip): their backward recomputes them
-  if (version >= 3)
+  if (tensor_cores(version))
     LAB_CHECK_VALUE(states.empty(), "kron: version ", version, " (tensor cores) saves no states and its backward "
                     "recomputes them; pass states=[]");
   else
@@ -406,8 +449,8 @@ at::Tensor backward_impl(const at::Tensor& g, const at::Tensor& x, const std::ve
     std::snprintf(name, sizeof(name), "dws[%d]", k);
     check_like(dws[k], name, x, {s.f[k], s.f[k]}, "like factors[k]");
   }
-  lab::check_version(x, "x", version, 1, 5, "kron");
-  if (version >= 3) return backward_tc(g, x, factors, dx, dws, s);
+  lab::check_version(x, "x", version, 1, kLastVersion, "kron");
+  if (tensor_cores(version)) return backward_tc(g, x, factors, dx, dws, s);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_backward", [&] {
     if (x.is_cuda()) {
 #ifdef LAB_WITH_CUDA
@@ -467,7 +510,7 @@ struct KronAutograd : public torch::autograd::Function<KronAutograd> {
     factors.reserve(factors_.size());
     for (const auto& w : factors_) factors.push_back(w.contiguous());
     std::vector<at::Tensor> states;
-    if (need_grad && version < 3 && x.dim() == 2)
+    if (need_grad && !tensor_cores(version) && x.dim() == 2)
       for (size_t k = 1; k < factors.size(); ++k) states.push_back(at::empty_like(x));
     at::Tensor y = forward_impl(x, factors, at::empty_like(x), states, version, cfg, cols);
     if (need_grad) {
@@ -528,11 +571,13 @@ at::Tensor apply(const at::Tensor& x, py::sequence factors_, int64_t version, in
 
 // What v2 would launch for a batch and factor sizes (x: any CUDA tensor of the dtype, for dtype and device):
 // (fits, cfg, c, slices per sample, shared bytes per block, blocks per SM, threads, TM, TN, cost, device smem limit)
-// version 3: (x Float or BFloat16) what v3 would launch; cfg 0..1 forces a configuration
+// version 3: (x Float or BFloat16) what v3 would launch; cfg 0..1 forces a configuration; 4, 5: theirs; 6 (Float):
+// v6's configuration (0, 1) and slice width
 py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t cfg, int64_t cols,
                     int64_t version) {
-  LAB_CHECK_VALUE(version >= 2 && version <= 5, "fused_plan: version must be 2, 3, 4 or 5, got ", version);
-  if (version >= 3)
+  LAB_CHECK_VALUE(version >= 2 && version <= kLastVersion, "fused_plan: version must be 2, 3, 4, 5 or 6, got ",
+                  version);
+  if (tensor_cores(version))
     lab::check_dtype(x, "x", {at::kFloat, at::kBFloat16});
   else
     lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
@@ -553,7 +598,11 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
   std::vector<int64_t> info(kron::kPlanFields, 0);
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
-  if (version >= 3) {
+  if (version == 6) {  // fits = 0: v6 does not apply (Double tensors, K != 2, ...) and runs v2
+    if (x.scalar_type() == at::kFloat)
+      lab::launcher<V5Plan>("kron_v6_plan@f32")(batch, N, f.data(), int(f.size()), int(cfg), int(cols),
+                                                info.data());
+  } else if (version >= 3) {
     Sizes s;
     s.B = batch;
     s.N = N;
@@ -580,7 +629,7 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Kronecker-factored linear layer y = x (W_K kron ... kron W_1); version 0 = C++ CPU code, 1 = per-factor "
             "CUDA kernels, 2 = fused CUDA kernel, 3 = fused on tensor cores (TF32 / bf16), 4 = two factors on wgmma, "
-            "5 = wgmma fed by TMA";
+            "5 = wgmma fed by TMA, 6 = two factors in strict fp32 with every operand in flight";
   m.def("forward", lab::bind(forward),
         "forward(x, factors, out, states, version, cfg, cols) -> out = x (W_K kron ... kron W_1)");
   m.def("backward", lab::bind(backward),

@@ -35,6 +35,9 @@
 //       warpgroups multiply (split or ping-pong), the state and y leave through shared memory, y by TMA store. bf16:
 //       x and the factors MN-major as TMA copies them; TF32: x through registers, W_2 staged once, W_1 held in
 //       registers (schedule 2) or staged once. v3 elsewhere.
+//   v6: v2 for two factors in strict fp32 with all of a block's operands in flight from its start (six cp.async
+//       groups, no 2-stage pipeline), 4 × 4 or (k split between two threads) 8 × 4 outputs a thread (v6.cu); v2
+//       elsewhere. Backward: v1's kernels on the state it saves.
 //   backward of v3-v5 (backward_tc.cu): at their precision, the states recomputed (their forwards save none), then
 //       per factor a split-K dW and an R-step, one mma.sync GEMM kernel for the three step kinds, one reduce launch.
 //
@@ -73,6 +76,7 @@
 //   v3.cu        v3: kernel, planner and launch, built per dtype (f32 = TF32, bf16) and configuration (8 or 4 warps)
 //   v4.cu        v4: kernel, planner and launch, built per dtype (f32 = TF32, bf16); sm_90a only
 //   v5.cu        v5: kernel, planner and launch, built per dtype (f32 = TF32, bf16); sm_90a only
+//   v6.cu        v6: kernel, planner and launch, float32 only
 // The others are built once per dtype (`// lab:variants dtype=f32,f64`); launchers are registered as "name@f32",
 // "name@f64" (v2.cu: "name@f32,0" ...); cpp_src/kron/kron.cpp (the binding) picks them by name, and asks v2's plan
 // before it launches v2.

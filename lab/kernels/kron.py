@@ -21,6 +21,8 @@ C++ CPU version). Versions (ours):
   v5          CUDA: v4's two wgmma steps fed by TMA, a ring of x in flight, y out by TMA store (bfloat16: x and the
               factors MN-major as they lie in memory; float32: TF32 with x through registers, W_2 staged once and
               W_1 held in registers); v3 elsewhere
+  v6          CUDA: v2 for two factors in strict fp32, every operand of a block (x[b], W_2's slice, W_1) in flight
+              from its start instead of a 2-stage pipeline; v2 elsewhere (float64 included); backward: v2's
   backward of v3-v5: backward_tc.cu, at their precision: the states recomputed (their forwards save none), then
               per factor an R-step and a split-K dW GEMM on mma.sync, one reduce launch
 Baselines (PyTorch, named for what they run):
@@ -52,7 +54,7 @@ from ._common import elem_size, matmul_tf32, randn, strict_fp32
 
 FAMILY = "kron"
 MAX_FACTORS = 16  # as in cuda_src/kron/kron.cuh
-KERNELS = ("cpu", "v1", "v2", "v3", "v4", "v5")
+KERNELS = ("cpu", "v1", "v2", "v3", "v4", "v5", "v6")
 TORCH_VERSIONS = ("torch", "torch.bmm", "torch.bmm.tf32", "torch.kron")  # baselines
 TENSOR_CORE = ("v3", "v4", "v5")  # TF32 on float32 tensors, bf16 on bfloat16 ones; backward: backward_tc.cu
 
@@ -204,7 +206,7 @@ PYTORCH = {"torch": kron_torch, "torch.bmm": kron_bmm, "torch.bmm.tf32": kron_bm
 
 # ---- cpu, v1, v2: the compiled code ---------------------------------------------------------------------------------
 def _backward_default(x: torch.Tensor) -> str:
-    # the backward of v1 and v2 is one set of kernels (backward.cu), that of v3-v5 another (backward_tc.cu)
+    # the backward of v1, v2 and v6 is one set of kernels (backward.cu), that of v3-v5 another (backward_tc.cu)
     if not x.is_cuda:
         return "cpu"
     return "v5" if x.dtype == torch.bfloat16 else "v2"
@@ -214,9 +216,10 @@ def _backward_default(x: torch.Tensor) -> str:
 # The table lives beside the build cache (env.cache_dir() / kron_tune.json), keyed by the GPU's name and the hash of
 # the family's CUDA build (every source, header and flag: an edit makes the old entries invisible), then by dtype and
 # factor sizes, then by batch. A batch not in the table takes the entry of the nearest tuned batch (log scale). The
-# candidates keep the dtype's precision: float32 and float64 choose among v1/v2 (strict fp32/fp64: the default never
-# switches a float32 call to TF32), bfloat16 among v3/v4/v5. Without an entry: v2, and v3 for bfloat16.
-DEFAULT_CANDIDATES = {torch.float32: ("v1", "v2"), torch.float64: ("v1", "v2"), torch.bfloat16: ("v3", "v4", "v5")}
+# candidates keep the dtype's precision: float32 chooses among v1/v2/v6 and float64 among v1/v2 (strict fp32/fp64: the
+# default never switches a float32 call to TF32), bfloat16 among v3/v4/v5. Without an entry: v2, and v3 for bfloat16.
+DEFAULT_CANDIDATES = {torch.float32: ("v1", "v2", "v6"), torch.float64: ("v1", "v2"),
+                      torch.bfloat16: ("v3", "v4", "v5")}
 STATIC_DEFAULT = {torch.bfloat16: "v3"}  # else v2
 TUNE_FILE = "kron_tune.json"
 _table_cache: dict[Path, tuple[float, dict]] = {}
@@ -324,7 +327,8 @@ def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor 
 
     states: None, or K-1 tensors (batch, N) that receive the intermediate states F_1 … F_{K-1} (for `backward`;
     not v3-v5). cfg, cols: force the CUDA block configuration (v1/v2: 0..2, v3: 0..1, v5: 0 split, 1 ping-pong, 2 split
-    with W_1 in registers, TF32 only) and the fused kernels' slice width (kron.tune); -1 / 0 = automatic.
+    with W_1 in registers, TF32 only; v6: 0 4x4 outputs a thread, 1 8x4 with k split in two) and the fused kernels'
+    slice width (kron.tune); -1 / 0 = automatic.
     """
     check_inputs(x, factors)
     out = torch.empty_like(x) if out is None else out
@@ -336,7 +340,7 @@ def backward(g: torch.Tensor, x: torch.Tensor, factors: Sequence[torch.Tensor], 
              dx: torch.Tensor | None = None, dws: Sequence[torch.Tensor] | None = None,
              version: str | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Gradients of y = x · (W_K ⊗ … ⊗ W_1) for dL/dy = g: (dx, [dW_1, …, dW_K]); states from `forward` (cpu, v1,
-    v2; [] for the tensor-core versions v3-v5, whose backward recomputes them at its precision)."""
+    v2, v6; [] for the tensor-core versions v3-v5, whose backward recomputes them at its precision)."""
     check_inputs(x, factors)
     dx = torch.empty_like(x) if dx is None else dx
     dws = [torch.empty_like(w) for w in factors] if dws is None else list(dws)
@@ -349,9 +353,9 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
     """y = x · (W_K ⊗ … ⊗ W_1), differentiable in x and every factor.
 
     x: (batch, N); factors: [W_1, …, W_K], W_k (f_k, f_k), N = f_1·…·f_K, W_1 on the fastest axis of x.
-    version: 'cpu', 'v1', 'v2', 'v3', 'v4', 'v5' (compiled; default: cpu on the CPU, on CUDA the fastest of the dtype's
-    precision from the tuning table tune_default writes, else v2, v3 for bfloat16) or a PyTorch baseline: 'torch',
-    'torch.bmm', 'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2 take float32/float64, v3/v4/v5 float32 (TF32) and bfloat16,
+    version: 'cpu', 'v1' .. 'v6' (compiled; default: cpu on the CPU, on CUDA the fastest of the dtype's precision from
+    the tuning table tune_default writes, else v2, v3 for bfloat16) or a PyTorch baseline: 'torch', 'torch.bmm',
+    'torch.bmm.tf32', 'torch.kron'. cpu/v1/v2/v6 take float32/float64, v3/v4/v5 float32 (TF32) and bfloat16,
     their gradients at the same precision. The compiled versions are differentiable once (as @once_differentiable:
     with create_graph=True their gradients come back, and a second backward through them raises; the PyTorch
     baselines are differentiable twice).
@@ -362,7 +366,7 @@ def kron(x: torch.Tensor, factors: Sequence[torch.Tensor], version: str | None =
         return PYTORCH[version](x, list(factors))
     if version not in KERNELS:
         raise ValueError(f"version must be one of {', '.join(TORCH_VERSIONS + KERNELS)}, got {version!r}")
-    # a C++ autograd Function (cpp_src/kron/kron.cpp, KronAutograd): cpu/v1/v2 save the K-1 intermediate states for
+    # a C++ autograd Function (cpp_src/kron/kron.cpp, KronAutograd): cpu/v1/v2/v6 save the K-1 intermediate states for
     # backward.cu / cpu.cpp, v3-v5 save none (backward_tc.cu recomputes them); its backward runs without the GIL
     return ext().apply(x, list(factors), version_number(version), cfg, cols)
 
@@ -387,9 +391,9 @@ class KronLinear(torch.nn.Module):
 # ---- v2's launch choice, and timing the alternatives ---------------------------------------------------------------
 def plan(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda", cfg: int = -1,
          cols: int = 0, version: str = "v2") -> dict:
-    """What v2 (or v3) launches for this batch and factorisation: block configuration, slice width c (columns of W_K
-    per block), slices per sample, shared memory per block, resident blocks per SM; fits=0 means v2 runs v1 (v3 runs
-    v2). For v3, TM and TN are the warp tile. The field names come from the binding (cuda_src/kron/plan_info.h)."""
+    """What v2 (or v3 .. v6) launches for this batch and factorisation: block configuration, slice width c (columns of
+    W_K per block), slices per sample, shared memory per block, resident blocks per SM; fits=0 means v2 runs v1 (v3
+    runs v2; v4, v5 run v3; v6 runs v2). For v3, TM and TN are the warp tile. The field names come from the binding (cuda_src/kron/plan_info.h)."""
     like = torch.empty(0, dtype=dtype, device=device)
     return dict(ext().fused_plan(like, int(batch), list(parse_factors(sizes)), cfg, cols, version_number(version)))
 
@@ -418,7 +422,7 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
     cs = sorted({(-(-fK // n) + q - 1) // q * q for n in (1, 2, 4, 8, 16, 32) if -(-fK // n) >= 1}, reverse=True)
     if version in ("v4", "v5"):  # multiples of 64 that divide f_K
         cs = [c for c in range(fK, 63, -64) if fK % c == 0]
-    for cfg in range({"v3": 2, "v4": 1, "v5": 3}.get(version, 3)):
+    for cfg in range({"v3": 2, "v4": 1, "v5": 3, "v6": 2}.get(version, 3)):
         for c in cs:
             p = plan(batch, sizes, dtype, device, cfg, c, version=version)
             if not p["fits"] or p["c"] != c:
@@ -520,6 +524,8 @@ IDEAS = {
     "v4": "CUDA: two factors on wgmma: x, W staged transposed into swizzled K-major tiles, the state kept on chip",
     "v5": ("CUDA: v4's wgmma steps fed by TMA: x in flight in a ring, y out by TMA store (bf16: operands MN-major as "
            "in memory; TF32: x and W_1 through registers)"),
+    "v6": ("CUDA: v2 for two factors in strict fp32, all of a block's operands in flight from its start (no "
+           "2-stage pipeline); 4x4 outputs a thread, or 8x4 with k split between two threads"),
     "torch": "PyTorch as one writes it: reshape / matmul / movedim per factor (a copy per factor)",
     "torch.bmm": "PyTorch: one strided-batched GEMM per factor, axis move folded into the operand layout",
     "torch.bmm.tf32": "torch.bmm with TF32 on (cuBLAS TF32): v3's baseline on float32 tensors",
@@ -529,11 +535,12 @@ IDEAS = {
 F32_F64, F32_BF16, F32 = (torch.float32, torch.float64), (torch.float32, torch.bfloat16), (torch.float32,)
 DT = (torch.float32, torch.float64, torch.bfloat16)  # bfloat16: v3-v5 and the torch baselines only
 DT_TRAIN = DT  # bfloat16: v3-v5 and the torch baselines
-# 1-wide and prime factors, K = 1..4, a batch that splits into many blocks, 128x128, and one shape over v2's
-# shared-memory limit (it falls back to v1)
+# 1-wide and prime factors, K = 1..4, a batch that splits into many blocks, 128x128, one shape over v2's
+# shared-memory limit (it falls back to v1), and two that v6 takes besides 32x32 and 128x128 (f_1 = 96: 6 warps;
+# f_1 < f_2)
 CHECK = [{"batch": b, "factors": f} for b, f in [
     (3, "2x3"), (1, "5x7"), (5, "1x4x5"), (4, "13x17"), (3, "32x32"), (2, "8x16x32"), (3, "128x128"),
-    (2, "2x3x2x5"), (7, "9"), (33, "12x20"), (1, "100x100x2")]]
+    (2, "2x3x2x5"), (7, "9"), (33, "12x20"), (1, "100x100x2"), (5, "96x64"), (2, "64x128")]]
 BATCHES = (1, 8, 32, 128, 512, 1024, 4096)
 BENCH = [{"batch": b, "factors": "128x128"} for b in BATCHES]
 BENCH_CPU = [{"batch": b, "factors": "64x64"} for b in (1, 8, 32, 128)]
@@ -559,7 +566,7 @@ def _versions(train: bool, full: bool = True) -> list[Version]:
             vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=True, precision="tf32",
                               dtypes=F32_BF16, ceiling="gemm"))
         else:
-            vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=name in ("v1", "v2"),
+            vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=name in ("v1", "v2", "v6"),
                               dtypes=F32_F64))
     for name in TORCH_VERSIONS:
         if name == "torch.kron" and (train or not full):
