@@ -153,11 +153,14 @@ def write_summary(skipped: list[str] | None = None, device: str | None = None):
             lines.append(f"- FP32 FMA (register-only kernel): {ceil['fma_tflops']:.1f} TFLOP/s")
         lines.append("")
     if bt:
+        # a whole-lab row ("(all)") is keyed by the families it built too: a `lab buildtime gru` run's cold build is
+        # gru's alone, not the newest cold build of every family
         newest_bt: dict[tuple, dict] = {}
         for b in bt:
-            newest_bt[(b["family"], b["event"])] = b
+            newest_bt[(b["family"], b["event"], b.get("target", "") if b["family"] == "(all)" else "")] = b
         lines += ["## Build loop", "", "| family | event | seconds |", "|---|---|---|"]
-        lines += [f"| {b['family']} | {b['event']} | {b['seconds']:.2f} |" for b in newest_bt.values()] + [""]
+        lines += [f"| {b['family'] + (': ' + b['target'] if b['family'] == '(all)' and b.get('target') else '')} | "
+                  f"{b['event']} | {b['seconds']:.2f} |" for b in newest_bt.values()] + [""]
     if checks:
         passed = sum(c["passed"] == "True" for c in checks)
         lines += ["## Checks", "", f"{passed}/{len(checks)} (version, dtype, shape, device) checks passed "
