@@ -154,13 +154,13 @@ def test_v6_every_slice_width(batch, factors):
     f1, f2 = K.parse_factors(factors)
     state_ref = torch.einsum("bij,jn->bin", x.double().view(batch, f2, f1).transpose(1, 2), ws[1].double())
     tried = []
-    for cfg, tm in ((0, 4), (1, 8)):
+    for cfg, tm, parts in ((0, 4, 1), (1, 8, 2), (2, 8, 4)):   # cfg 1, 2: k split among 2 or 4 threads a tile
         for c in (4, 8, 16, 32, 64):
             p = K.plan(batch, factors, torch.float32, "cuda", cfg=cfg, cols=c, version="v6")
             if not p["fits"]:
                 continue
             assert (p["cfg"], p["c"], p["slices"], p["TM"]) == (cfg, c, f2 // c, tm)
-            assert p["threads"] == f1 * c // 16                   # cfg 1: two k-parts of 8x4 tiles
+            assert p["threads"] == f1 * c * parts // (4 * tm)
             tried.append((cfg, c))
             states = [torch.full_like(x, math.nan)]
             out = K.forward(x, ws, out=torch.full_like(x, math.nan), version="v6", states=states, cfg=cfg, cols=c)

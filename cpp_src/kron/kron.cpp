@@ -171,8 +171,8 @@ FusedKernels fused_kernels(at::ScalarType t) {
 using V3Plan = void (*)(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* info);
 using V3Forward = cudaError_t (*)(const void* x, void* y, const void* const* w, const int* f, int K, int64_t B,
                                   int64_t N, int cols, cudaStream_t);
-// cuda_src/kron/v6.cu (Float only): plan as V5Plan below (cfg 0: 4x4 tiles, 1: 8x4); forward with the state F_1
-// to save (or nullptr)
+// cuda_src/kron/v6.cu (Float only): plan as V5Plan below (cfg 0: 4x4 tiles, 1, 2: 8x4 with k split in two or four);
+// forward with the state F_1 to save (or nullptr)
 using V6Forward = cudaError_t (*)(const float* x, float* y, const float* const* w, const int* f, int K, int64_t B,
                                   int64_t N, float* save, int cfg, int cols, cudaStream_t);
 // cuda_src/kron/v5.cu: the same with the schedule (cfg: -1 automatic, 0 split, 1 ping-pong, 2 split with W_1 in
@@ -345,8 +345,8 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
   const int K = int(s.f.size());
 #ifdef LAB_WITH_CUDA
   if (version == 6) {
-    LAB_CHECK_VALUE(cfg <= 1, "kron: version 6 has configurations 0 and 1 (4x4 or 8x4 outputs a thread), got cfg ",
-                    cfg);
+    LAB_CHECK_VALUE(cfg <= 2, "kron: version 6 has configurations 0, 1 and 2 (4x4 outputs a thread, 8x4 with k split "
+                    "in two or four), got cfg ", cfg);
     if (x.is_cuda() && x.scalar_type() == at::kFloat && forward_v6(x, factors, out, states, s, cfg, cols))
       return out;
     cfg = -1, cols = 0;  // v6's configuration and slice width mean nothing to v2's planner
@@ -572,7 +572,7 @@ at::Tensor apply(const at::Tensor& x, py::sequence factors_, int64_t version, in
 // What v2 would launch for a batch and factor sizes (x: any CUDA tensor of the dtype, for dtype and device):
 // (fits, cfg, c, slices per sample, shared bytes per block, blocks per SM, threads, TM, TN, cost, device smem limit)
 // version 3: (x Float or BFloat16) what v3 would launch; cfg 0..1 forces a configuration; 4, 5: theirs; 6 (Float):
-// v6's configuration (0, 1) and slice width
+// v6's configuration (0-2) and slice width
 py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t cfg, int64_t cols,
                     int64_t version) {
   LAB_CHECK_VALUE(version >= 2 && version <= kLastVersion, "fused_plan: version must be 2, 3, 4, 5 or 6, got ",

@@ -36,8 +36,8 @@
 //       x and the factors MN-major as TMA copies them; TF32: x through registers, W_2 staged once, W_1 held in
 //       registers (schedule 2) or staged once. v3 elsewhere.
 //   v6: v2 for two factors in strict fp32 with all of a block's operands in flight from its start (six cp.async
-//       groups, no 2-stage pipeline), 4 × 4 or (k split between two threads) 8 × 4 outputs a thread (v6.cu); v2
-//       elsewhere. Backward: v1's kernels on the state it saves.
+//       groups, no 2-stage pipeline), 4 × 4 or (k split among two or four threads) 8 × 4 outputs a thread (v6.cu);
+//       v2 elsewhere. Backward: v1's kernels on the state it saves.
 //   backward of v3-v5 (backward_tc.cu): at their precision, the states recomputed (their forwards save none), then
 //       per factor a split-K dW and an R-step, one mma.sync GEMM kernel for the three step kinds, one reduce launch.
 //

@@ -16,8 +16,8 @@
 //   step 2  Y (c × f_1) = Sᵀ · W_1                   M = c (j_2),   N = f_1 (j_1), K = f_1 (i_1); A = S[i_1][j_2]
 //   y[b][(c0 + j)·f_1 + n] = Y[j][n]; with `save`, S is also written to F_1[b][i_1·f_2 + c0 + j] (the state v1's
 //   backward reads: v6's backward is v2's, backward.cu)
-// Accumulation is in fp32 FMAs (cfg 1 adds two partial sums at the end): the same arithmetic as v2, not the same
-// rounding order as cuBLAS.
+// Accumulation is in fp32 FMAs (cfg 1 and 2 add two or four partial sums at the end): the same arithmetic as v2, not
+// the same rounding order as cuBLAS.
 //
 // Napkin math (H100, 128 × 128, batch 32): 134 M MAC, 4.3 us at the chip's FMA rate. Slices of c = 32: 128 blocks
 // of 256 threads, one an SM, 1 M MAC a block: 8.2 k cycles of FMA issue an SM (~4.5 us) if nothing else issued. The
@@ -33,11 +33,19 @@
 //  3. cfg 1 (below), 8 × 4 outputs a thread and every k: one warp a scheduler, slower (batch 32 18.1-18.8 us; ncu
 //     54% of cycles with no eligible warp). Replaced by the k-split.
 //  4. the bulk-copy engine for the loads (above issue_run): slower at every batch.
-//  5. cfg 1 as it is: batch 1 12.3-12.6 us, 8 12.7-12.8, 32 15.4-15.9, 64 22.2-23.9 (torch.bmm 15.5, 16.4, 18.7,
-//     24.4). Above batch 64 v1 (one kernel per factor, 8 × 8 tiles) is ahead: there v6's one block an SM (160 KB)
-//     leaves each block's load latency and its steps' FMA-rate shortfall unhidden.
-// What bounds it at batch 32: the FMA loop's issue rate with 2 warps a scheduler (no further blocks fit beside a
-// 160 KB one), then the copies' issue (1.7 us) and the launch (an empty kernel replayed from a graph: ~3 us).
+//  5. cfg 1 as it is: batch 1 12.3-14.5 us, 8 12.7-14.7, 32 15.4-16.5, 64 22.2-23.9 (torch.bmm 15.5-15.6,
+//     16.4-16.5, 18.7-19.0, 24.3-24.4). ncu at batch 32 (c = 32): 0.58 instructions issued a cycle a scheduler, 42%
+//     of cycles with no eligible warp; per issued instruction 0.62 cycles stalled on a fixed-latency dependency,
+//     0.57 on shared-memory loads (short scoreboard); FMA-pipe instructions 67% of those issued.
+//  6. cfg 2, four k-parts (16 warps at c = 32): batch 1 11.8 us, 8 12.2 (cfg 1 14.5 and 14.7 in that run); batch 32
+//     16.5, the same as cfg 1: four warps a scheduler did not move it. So at batch 32 the bound is the operands'
+//     delivery, not the FMA loop: in the trace above the last group of x[b] landed 6.7 us and W_1 8.5 us after the
+//     block's entry: 144 KB a block, 18 MB for the grid, every block pulling the same 64 KB of W_1 (and each sample's
+//     x four times) from L2 at once (~2.8 TB/s for the grid). The next design shares them: the four slices of a
+//     sample as one thread-block cluster, x[b] and W_1 multicast to its SMs (a quarter of the L2 reads).
+// Above batch 64 v1 (one kernel per factor, 8 × 8 tiles) is ahead: v6's one block an SM (160 KB) leaves each
+// block's load latency and its steps' FMA-rate shortfall unhidden. The launch itself: an empty kernel replayed from
+// a graph takes ~3 us of the batch-1 call's 12.
 // lab:variants dtype=f32
 #include "kron.cuh"
 #include "plan_info.h"
@@ -53,16 +61,21 @@ constexpr int kGroups1 = 4;  // cp.async groups of step 1's operands (x[b] rows 
 constexpr int kGroups2 = 2;  // ... and of W_1 (by k half): 6 groups, committed in order
 constexpr int kMaxThreads = 512;
 
-// The two configurations (the plan's cfg), both f_1·c/16 threads a block:
-//   cfg 0: a thread owns a 4 × 4 output tile and walks all of k (16 FMAs per two 16-byte shared loads)
+// The three configurations (the plan's cfg):
+//   cfg 0: a thread owns a 4 × 4 output tile and walks all of k (16 FMAs per two 16-byte shared loads); f_1·c/16
+//          threads a block
 //   cfg 1: a thread owns an 8 × 4 tile and walks every other k: two threads (one in each half of the block's warps,
 //          so one of each on every scheduler) share a tile and add their partial sums through shared memory at the
-//          end of a step (32 FMAs per three shared loads, the same warps a scheduler)
+//          end of a step (32 FMAs per three shared loads, the same warps a scheduler); f_1·c/16 threads
+//   cfg 2: the same with k split four ways: f_1·c/8 threads, twice the warps a scheduler (the parts' tiles go through
+//          x[b]'s buffer, so 3c <= f_2)
 template <int CFG> struct Conf;
 template <> struct Conf<0> { static constexpr int TM = 4, KS = 1; };
 template <> struct Conf<1> { static constexpr int TM = 8, KS = 2; };
+template <> struct Conf<2> { static constexpr int TM = 8, KS = 4; };
+constexpr int kConfigs = 3;
 constexpr int tm_of(int cfg) { return cfg == 0 ? 4 : 8; }
-constexpr int ks_of(int cfg) { return cfg == 0 ? 1 : 2; }
+constexpr int ks_of(int cfg) { return cfg == 0 ? 1 : cfg == 1 ? 2 : 4; }
 
 // How a step's M × N output is dealt to warps: lanes form wm × wn tiles of TM × 4 (wn = 8 where N allows), warps
 // tile the rest. ok = false where the shape does not divide evenly.
@@ -152,23 +165,28 @@ __device__ __forceinline__ void fma_range(float (&acc)[TM][4], const float* A, i
   fma_rows<TM>(acc, A + long(first) * lda, KS * lda, B + long(first) * ldb, KS * ldb, n);
 }
 
-// cfg 1: the two k-parts' tiles summed. Part 1 stores its tile into `scratch` (row-major, `ld` floats a row), then
-// part 0 adds it to its own; the caller stores part 0's result.
-template <int TM>
-__device__ __forceinline__ void add_parts(float (&acc)[TM][4], float* scratch, int ld, int m0, int n0, int h) {
-  if (h == 1)
+// cfg 1, 2: the k-parts' tiles summed. After a barrier (the scratch is x[b]'s buffer, which the parts may still be
+// reading), parts 1.. store their tiles into `scratch` (row-major, `ld` floats a row, one tile of `tile` floats a
+// part), then part 0 adds them to its own; the caller stores part 0's result.
+template <int TM, int KS>
+__device__ __forceinline__ void add_parts(float (&acc)[TM][4], float* scratch, int ld, int tile, int m0, int n0,
+                                          int h) {
+  __syncthreads();
+  if (h > 0)
 #pragma unroll
     for (int r = 0; r < TM; ++r)
-      sts16(scratch + (m0 + r) * ld + n0, make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+      sts16(scratch + (h - 1) * tile + (m0 + r) * ld + n0, make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
   __syncthreads();
   if (h == 0)
 #pragma unroll
-    for (int r = 0; r < TM; ++r) {
-      float v[4];
-      unpack(ld16<float4>(scratch + (m0 + r) * ld + n0), v);
+    for (int p = 1; p < KS; ++p)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) acc[r][j] += v[j];
-    }
+      for (int r = 0; r < TM; ++r) {
+        float v[4];
+        unpack(ld16<float4>(scratch + (p - 1) * tile + (m0 + r) * ld + n0), v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[r][j] += v[j];
+      }
 }
 
 __device__ __forceinline__ void tile_origin(const WarpGrid& g, int TM, int t, int* m0, int* n0) {
@@ -182,10 +200,10 @@ __global__ void __launch_bounds__(kMaxThreads) prefetched_kernel(const Args a) {
   constexpr int TM = Conf<CFG>::TM, KS = Conf<CFG>::KS;
   extern __shared__ __align__(16) float smem[];
   const int f1 = a.f1, f2 = a.f2, c = a.c;
-  float* Xs = smem;               // [f_2][f_1]  x[b] as it lies (after step 1: cfg 1's scratch for step 2)
+  float* Xs = smem;               // [f_2][f_1]  x[b] as it lies (after each step's FMAs: cfg 1, 2's scratch)
   float* W2s = Xs + f2 * f1;      // [f_2][c]    W_2[:, c0:c0+c]
   float* W1s = W2s + f2 * c;      // [f_1][f_1]  W_1
-  float* Ss = W1s + f1 * f1;      // [f_1][c]    the state between the steps (and cfg 1's scratch for step 1)
+  float* Ss = W1s + f1 * f1;      // [f_1][c]    the state between the steps
   const long b = blockIdx.x / a.nslices;
   const int c0 = int(blockIdx.x % a.nslices) * c;
   const long N = long(f1) * f2;
@@ -222,8 +240,7 @@ __global__ void __launch_bounds__(kMaxThreads) prefetched_kernel(const Args a) {
       __syncthreads();  // every thread's copies of group g visible
       fma_range<TM, KS>(acc, Xs + m0, f1, W2s + n0, c, min(f2, g * q1), min(f2, (g + 1) * q1), h);
     }
-    if constexpr (KS == 2) add_parts<TM>(acc, Ss, c, m0, n0, h);
-    __syncthreads();  // cfg 1: part 0 has read part 1's tile before it overwrites the scratch with S
+    if constexpr (KS > 1) add_parts<TM, KS>(acc, Xs, c, f1 * c, m0, n0, h);
     if (h == 0)
 #pragma unroll
       for (int r = 0; r < TM; ++r) {
@@ -231,7 +248,7 @@ __global__ void __launch_bounds__(kMaxThreads) prefetched_kernel(const Args a) {
         sts16(Ss + (m0 + r) * c + n0, v);
         if (a.save) st16<float4>(a.save + b * N + long(m0 + r) * f2 + c0 + n0, v);
       }
-    __syncthreads();  // S whole; and every read of x[b] done (cfg 1 reuses its buffer)
+    __syncthreads();  // S whole
   }
 
   // step 2: Y = Sᵀ · W_1, each k half as soon as it has landed
@@ -244,7 +261,7 @@ __global__ void __launch_bounds__(kMaxThreads) prefetched_kernel(const Args a) {
       __syncthreads();
       fma_range<TM, KS>(acc, Ss + m0, c, W1s + n0, f1, min(f1, g * q2), min(f1, (g + 1) * q2), h);
     }
-    if constexpr (KS == 2) add_parts<TM>(acc, Xs, f1, m0, n0, h);
+    if constexpr (KS > 1) add_parts<TM, KS>(acc, Xs, f1, c * f1, m0, n0, h);
     float* yb = a.y + b * N;
     if (h == 0)
 #pragma unroll
@@ -254,7 +271,9 @@ __global__ void __launch_bounds__(kMaxThreads) prefetched_kernel(const Args a) {
 }
 
 template <int CFG> const void* kernel_of() { return reinterpret_cast<const void*>(&prefetched_kernel<CFG>); }
-inline const void* kernel_for(int cfg) { return cfg == 0 ? kernel_of<0>() : kernel_of<1>(); }
+inline const void* kernel_for(int cfg) {
+  return cfg == 0 ? kernel_of<0>() : cfg == 1 ? kernel_of<1>() : kernel_of<2>();
+}
 
 // ---- host: the plan (configuration and slice width c) and the launch ---------------------------------------------
 struct Plan {
@@ -277,16 +296,16 @@ void optin() {
   int dev = 0;
   cudaGetDevice(&dev);
   if (dev < 0 || dev >= 64 || done[dev]) return;
-  for (int cfg = 0; cfg < 2; ++cfg)
+  for (int cfg = 0; cfg < kConfigs; ++cfg)
     cudaFuncSetAttribute(kernel_for(cfg), cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_limit());
   done[dev] = true;
 }
 
-// The candidates: cfg 0/1 × slice widths c in {4, ..., 64} that divide f_2, each costed in cycles of the busiest SM:
-// waves of blocks, each as long as one thread's walk over f_1 + f_2 values of k, at I issue slots a k (TM·4 FMAs,
-// TM/4 + 1 shared loads, ~3 more) times the warps a scheduler takes in turn, or I plus ~10 cycles of exposed latency
-// where a scheduler has one warp; against the SM's share of L2 reads at ~24 B a cycle. Ties go to the wider slice
-// (fewer re-reads of x[b] and W_1).
+// The candidates: cfg 0-2 × slice widths c in {4, ..., 64} that divide f_2, each costed in cycles of the busiest SM:
+// waves of blocks, each as long as one thread's walk over f_1 + f_2 values of k (a half or a quarter of them in cfg 1,
+// 2), at I issue slots a k (TM·4 FMAs, TM/4 + 1 shared loads, ~3 more) times the warps a scheduler takes in turn,
+// or I plus ~10 cycles of exposed latency where a scheduler has one warp; against the SM's share of L2 reads at
+// ~24 B a cycle. Ties go to the wider slice (fewer re-reads of x[b] and W_1).
 Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
   Plan best;
   if (K != 2 || B <= 0) return best;
@@ -304,14 +323,15 @@ Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
   }
   const DeviceFacts d = device_facts();
   optin();
-  for (int cfg = 0; cfg < 2; ++cfg) {
+  for (int cfg = 0; cfg < kConfigs; ++cfg) {
     if (force_cfg >= 0 && cfg != force_cfg) continue;
     const int TM = tm_of(cfg), KS = ks_of(cfg);
     for (int c = 64; c >= 4; c /= 2) {
       if (force_c > 0 && c != force_c) continue;
       if (c > f2 || f2 % c) continue;
-      const long threads = long(f1) * c / 16;  // KS parts of f_1·c / (4·TM) threads
+      const long threads = long(f1) * c * KS / (4 * TM);  // KS parts of f_1·c / (4·TM) threads
       if (threads / KS < 32 || threads > kMaxThreads || (threads / KS) % 32) continue;
+      if ((KS - 1) * c > f2) continue;  // the parts' tiles fit x[b]'s buffer
       if (!warp_grid(f1, c, TM).ok || !warp_grid(c, f1, TM).ok) continue;
       Plan p;
       p.cfg = cfg;
@@ -375,8 +395,10 @@ cudaError_t forward(const float* x, float* y, const float* const* w, const int* 
   optin();
   if (p.cfg == 0)
     prefetched_kernel<0><<<unsigned(B * p.nslices), p.threads, size_t(p.smem), s>>>(a);
-  else
+  else if (p.cfg == 1)
     prefetched_kernel<1><<<unsigned(B * p.nslices), p.threads, size_t(p.smem), s>>>(a);
+  else
+    prefetched_kernel<2><<<unsigned(B * p.nslices), p.threads, size_t(p.smem), s>>>(a);
   return cudaGetLastError();
 }
 

@@ -327,8 +327,8 @@ def forward(x: torch.Tensor, factors: Sequence[torch.Tensor], out: torch.Tensor 
 
     states: None, or K-1 tensors (batch, N) that receive the intermediate states F_1 … F_{K-1} (for `backward`;
     not v3-v5). cfg, cols: force the CUDA block configuration (v1/v2: 0..2, v3: 0..1, v5: 0 split, 1 ping-pong, 2 split
-    with W_1 in registers, TF32 only; v6: 0 4x4 outputs a thread, 1 8x4 with k split in two) and the fused kernels'
-    slice width (kron.tune); -1 / 0 = automatic.
+    with W_1 in registers, TF32 only; v6: 0 4x4 outputs a thread, 1 and 2 8x4 with k split in two or four) and the
+    fused kernels' slice width (kron.tune); -1 / 0 = automatic.
     """
     check_inputs(x, factors)
     out = torch.empty_like(x) if out is None else out
@@ -393,7 +393,8 @@ def plan(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
          cols: int = 0, version: str = "v2") -> dict:
     """What v2 (or v3 .. v6) launches for this batch and factorisation: block configuration, slice width c (columns of
     W_K per block), slices per sample, shared memory per block, resident blocks per SM; fits=0 means v2 runs v1 (v3
-    runs v2; v4, v5 run v3; v6 runs v2). For v3, TM and TN are the warp tile. The field names come from the binding (cuda_src/kron/plan_info.h)."""
+    runs v2; v4, v5 run v3; v6 runs v2). For v3, TM and TN are the warp tile. The field names come from the binding
+    (cuda_src/kron/plan_info.h)."""
     like = torch.empty(0, dtype=dtype, device=device)
     return dict(ext().fused_plan(like, int(batch), list(parse_factors(sizes)), cfg, cols, version_number(version)))
 
@@ -422,7 +423,7 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
     cs = sorted({(-(-fK // n) + q - 1) // q * q for n in (1, 2, 4, 8, 16, 32) if -(-fK // n) >= 1}, reverse=True)
     if version in ("v4", "v5"):  # multiples of 64 that divide f_K
         cs = [c for c in range(fK, 63, -64) if fK % c == 0]
-    for cfg in range({"v3": 2, "v4": 1, "v5": 3, "v6": 2}.get(version, 3)):
+    for cfg in range({"v3": 2, "v4": 1, "v5": 3, "v6": 3}.get(version, 3)):
         for c in cs:
             p = plan(batch, sizes, dtype, device, cfg, c, version=version)
             if not p["fits"] or p["c"] != c:
@@ -525,7 +526,7 @@ IDEAS = {
     "v5": ("CUDA: v4's wgmma steps fed by TMA: x in flight in a ring, y out by TMA store (bf16: operands MN-major as "
            "in memory; TF32: x and W_1 through registers)"),
     "v6": ("CUDA: v2 for two factors in strict fp32, all of a block's operands in flight from its start (no "
-           "2-stage pipeline); 4x4 outputs a thread, or 8x4 with k split between two threads"),
+           "2-stage pipeline); 4x4 outputs a thread, or 8x4 with k split among two or four threads"),
     "torch": "PyTorch as one writes it: reshape / matmul / movedim per factor (a copy per factor)",
     "torch.bmm": "PyTorch: one strided-batched GEMM per factor, axis move folded into the operand layout",
     "torch.bmm.tf32": "torch.bmm with TF32 on (cuBLAS TF32): v3's baseline on float32 tensors",
