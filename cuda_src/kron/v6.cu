@@ -38,8 +38,8 @@
 //     of cycles with no eligible warp; per issued instruction 0.62 cycles stalled on a fixed-latency dependency,
 //     0.57 on shared-memory loads (short scoreboard); FMA-pipe instructions 67% of those issued.
 //  6. cfg 2, four k-parts (16 warps at c = 32): batch 1 11.8 us, 8 12.2 (cfg 1 14.5 and 14.7 in that run); batch 32
-//     16.5, the same as cfg 1: four warps a scheduler did not move it. So at batch 32 the bound is the operands'
-//     delivery, not the FMA loop: in the trace above the last group of x[b] landed 6.7 us and W_1 8.5 us after the
+//     16.5, the same as cfg 1: four warps a scheduler did not move it. So at batch 32 the FMA loop is not the bound;
+//     the trace points to the operands' delivery: the last group of x[b] landed 6.7 us and W_1 8.5 us after the
 //     block's entry: 144 KB a block, 18 MB for the grid, every block pulling the same 64 KB of W_1 (and each sample's
 //     x four times) from L2 at once (~2.8 TB/s for the grid). The next design shares them: the four slices of a
 //     sample as one thread-block cluster, x[b] and W_1 multicast to its SMs (a quarter of the L2 reads).
