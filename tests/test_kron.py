@@ -200,6 +200,83 @@ def test_v6_propagates_nan_and_takes_offset_views():
     verify.assert_close(got, K.kron_ref(xc.double(), *[w.double() for w in ws]), torch.float32, what="v6, offset out")
 
 
+def test_backward_kernels_names_the_backward_and_checks_the_version():
+    assert K.backward_kernels(2, "4x4", device="cpu", version="cpu") == "cpu.cpp"
+    with pytest.raises(ValueError, match="version 6 is a CUDA kernel but x is on the CPU"):
+        K.backward_kernels(2, "4x4", device="cpu", version="v6")
+
+
+def _v6_backward(batch, factors, seed, g_nan=None):
+    """v6's forward (its state saved) then its backward into NaN-poisoned dx and dW, and the float64 reference."""
+    x, *ws = _inputs(batch, factors, torch.float32, "cuda", seed=seed)
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 100)).to("cuda")
+    if g_nan is not None:
+        g[g_nan] = math.nan
+    states = [torch.full_like(x, math.nan)]
+    K.forward(x, ws, out=torch.full_like(x, math.nan), version="v6", states=states)
+    dx, dws = K.backward(g, x, ws, states, dx=torch.full_like(x, math.nan),
+                         dws=[torch.full_like(w, math.nan) for w in ws], version="v6")
+    ref = K.train_ref(x.double(), g.double(), *[w.double() for w in ws])
+    return (dx, *dws), ref[1:]
+
+
+@needs_gpu
+@pytest.mark.parametrize("batch,factors", [(1, "128x128"), (3, "128x128"), (32, "128x128"), (100, "128x128"),
+                                           (5, "64x128"), (2, "128x64"), (7, "32x160"), (4, "96x64"), (1, "32x32")])
+def test_v6_backward_fused_against_float64(batch, factors):
+    # where backward_v6.cu applies (two factors, multiples of 32, a small batch): dx, dW_1, dW_2, every element
+    # written (outputs poisoned), two seeds
+    assert K.backward_kernels(batch, factors, version="v6") == "backward_v6.cu"
+    for seed in (0, 1):
+        got, ref = _v6_backward(batch, factors, seed)
+        for name, a, b in zip(["dx", "dW1", "dW2"], got, ref):
+            verify.assert_close(a, b, torch.float32, what=f"v6 backward {name} batch {batch} {factors} seed {seed}")
+    # and through autograd, as a training step runs it
+    x, gy, *ws = K.make_train_inputs({"batch": batch, "factors": factors}, torch.float32, torch.device("cuda"),
+                                     torch.Generator().manual_seed(7))
+    ref = K.train_ref(x.double(), gy.double(), *[w.double() for w in ws])
+    for name, a, b in zip(["y", "dx", "dW1", "dW2"], K._train("v6")(x, gy, *ws), ref):
+        verify.assert_close(a, b, torch.float32, what=f"v6 training step {name} batch {batch} {factors}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("batch,factors", [(2, "48x64"), (3, "64x48"), (2, "256x256"), (600, "128x128"),
+                                           (3, "8x16x32"), (2, "12x20")])
+def test_v6_backward_runs_v1s_where_its_own_does_not_apply(batch, factors):
+    # not multiples of 32, too large for shared memory, a batch past 4 blocks an SM, three factors: v1's kernels
+    assert K.backward_kernels(batch, factors, version="v6") == "backward.cu"
+    assert K.backward_kernels(batch, factors, torch.float64, version="v6") == "backward.cu"
+    x, gy, *ws = K.make_train_inputs({"batch": batch, "factors": factors}, torch.float32, torch.device("cuda"),
+                                     torch.Generator().manual_seed(8))
+    ref = K.train_ref(x.double(), gy.double(), *[w.double() for w in ws])
+    for name, a, b in zip(["y", "dx", "dW1", "dW2", "dW3"], K._train("v6")(x, gy, *ws), ref):
+        verify.assert_close(a, b, torch.float32, what=f"v6 -> v1 backward {name} batch {batch} {factors}")
+
+
+@needs_gpu
+def test_v6_backward_propagates_nan_and_takes_offset_views():
+    # a NaN in one sample's dy: that sample's dx is all NaN (dx[b] = W_2·G·W_1ᵀ mixes every element), the others
+    # are untouched, and the weight gradients (sums over the batch) carry it
+    (dx, dw1, dw2), (rdx, _, _) = _v6_backward(6, "128x128", 3, g_nan=(2, 77))
+    keep = [0, 1, 3, 4, 5]
+    assert dx[2].isnan().all() and not dx[keep].isnan().any()
+    verify.assert_close(dx[keep], rdx[keep], torch.float32, what="v6 backward dx beside a NaN sample")
+    assert dw1.isnan().any() and dw2.isnan().any()
+    # a g one element into a buffer is not 16-byte aligned: v1's kernels take it (element paths), the same answer
+    x, *ws = _inputs(4, "128x128", torch.float32, "cuda", seed=4)
+    gy = torch.randn_like(x)
+    buf = torch.empty(4 * 16384 + 1, device="cuda")
+    odd = buf[1:].view(4, 16384)
+    odd.copy_(gy)
+    states = [torch.empty_like(x)]
+    K.forward(x, ws, version="v6", states=states)
+    ref = K.train_ref(x.double(), gy.double(), *[w.double() for w in ws])
+    for g in (gy, odd):
+        dx, dws = K.backward(g, x, ws, states, version="v6")
+        for name, a, b in zip(["dx", "dW1", "dW2"], [dx, *dws], ref[1:]):
+            verify.assert_close(a, b, torch.float32, what=f"v6 backward {name}, g aligned: {g is gy}")
+
+
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch,factors", [(3, "128x128"), (70, "32x32"), (5, "13x17"), (2, "8x16x32"), (3, "5x7")])
@@ -217,7 +294,7 @@ def test_large_batches_and_the_backward_against_float64(batch):
     x, *ws = _inputs(batch, "128x128", torch.float32, "cuda", seed=10)
     gy = torch.randn_like(x)
     ref = K.train_ref(x.double(), gy.double(), *[w.double() for w in ws])
-    for v in ["v1", "v2"]:
+    for v in ["v1", "v2", "v6"]:   # v6: its own backward at batch 1 and 32, v1's at 1024
         got = K._train(v)(x, gy, *ws)
         for name, a, b in zip(["y", "dx", "dW1", "dW2"], got, ref):
             verify.assert_close(a, b, torch.float32, what=f"{v} {name} batch {batch}")

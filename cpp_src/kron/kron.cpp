@@ -429,6 +429,33 @@ at::Tensor backward_tc(const at::Tensor& g, const at::Tensor& x, const std::vect
 
 // Gradients of y = x · (W_K ⊗ … ⊗ W_1) for upstream gradient g: dx and dws[k] = dL/dW_{k+1}, written into the given
 // tensors. states: the K-1 intermediate states the forward wrote.
+#ifdef LAB_WITH_CUDA
+// Version 6's backward (Float tensors): backward_v6.cu's fused kernel and reduce, where its plan applies (two factors,
+// multiples of 32, a small batch) and every tensor is 16-byte aligned; false: the caller runs v1's kernels.
+bool backward_v6(const at::Tensor& g, const at::Tensor& x, const std::vector<at::Tensor>& factors,
+                 const std::vector<at::Tensor>& states, at::Tensor& dx, const std::vector<at::Tensor>& dws,
+                 const Sizes& s) {
+  c10::cuda::CUDAGuard guard(x.device());
+  const int K = int(s.f.size());
+  const int64_t n = lab::launcher<BackwardWorkspace>("kron_v6_backward_workspace@f32")(s.B, s.N, s.f.data(), K);
+  auto a16 = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  bool aligned = a16(g) && a16(x) && a16(dx);
+  for (const auto& t : factors) aligned = aligned && a16(t);
+  for (const auto& t : states) aligned = aligned && a16(t);
+  for (const auto& t : dws) aligned = aligned && a16(t);
+  if (n <= 0 || states.size() != 1 || !aligned) return false;
+  at::Tensor ws = at::empty({n}, x.options());
+  const auto w = cptrs<float>(factors);
+  const auto st = cptrs<float>(states);
+  auto dw = ptrs<float>(dws);
+  auto fn = lab::launcher<Backward<float>>("kron_v6_backward@f32");
+  LAB_CUDA_CHECK(fn(g.data_ptr<float>(), x.data_ptr<float>(), w.data(), s.f.data(), K, s.B, s.N, st.data(),
+                    dx.data_ptr<float>(), dw.data(), ws.data_ptr<float>(), LAB_STREAM()),
+                 "kron v6 backward kernels");
+  return true;
+}
+#endif
+
 at::Tensor backward_impl(const at::Tensor& g, const at::Tensor& x, const std::vector<at::Tensor>& factors,
                          const std::vector<at::Tensor>& states, at::Tensor dx, const std::vector<at::Tensor>& dws,
                          int64_t version) {
@@ -451,6 +478,10 @@ at::Tensor backward_impl(const at::Tensor& g, const at::Tensor& x, const std::ve
   }
   lab::check_version(x, "x", version, 1, kLastVersion, "kron");
   if (tensor_cores(version)) return backward_tc(g, x, factors, dx, dws, s);
+#ifdef LAB_WITH_CUDA
+  if (version == 6 && x.is_cuda() && x.scalar_type() == at::kFloat && backward_v6(g, x, factors, states, dx, dws, s))
+    return dx;
+#endif
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kron_backward", [&] {
     if (x.is_cuda()) {
 #ifdef LAB_WITH_CUDA
@@ -626,6 +657,33 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
   return d;
 }
 
+// Which backward a compiled version runs for a batch and factor sizes on x's device and dtype (16-byte aligned tensors
+// assumed): "backward_tc.cu" (versions 3-5), "backward_v6.cu" (version 6, Float, where its fused kernel's plan applies)
+// or "backward.cu" (versions 1, 2, and 6 elsewhere); "cpu.cpp" on the CPU.
+std::string backward_kernels(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t version) {
+  lab::check_version(x, "x", version, 1, kLastVersion, "kron");
+  if (!x.is_cuda()) return "cpu.cpp";
+  if (tensor_cores(version)) return "backward_tc.cu";
+  const size_t nf = py::len(sizes);
+  LAB_CHECK_VALUE(nf >= 1 && nf <= size_t(kMaxFactors), "sizes must list 1..", kMaxFactors, " factor sizes, got ",
+                  nf);
+  std::vector<int> f;
+  int64_t N = 1;
+  for (size_t i = 0; i < nf; ++i) {
+    const int64_t v = py::cast<int64_t>(sizes[i]);
+    LAB_CHECK_VALUE(v >= 1 && v <= INT32_MAX, "sizes must be positive 32-bit integers, got ", v);
+    f.push_back(static_cast<int>(v));
+    N *= v;
+  }
+#ifdef LAB_WITH_CUDA
+  c10::cuda::CUDAGuard guard(x.device());
+  if (version == 6 && x.scalar_type() == at::kFloat &&
+      lab::launcher<BackwardWorkspace>("kron_v6_backward_workspace@f32")(batch, N, f.data(), int(nf)) > 0)
+    return "backward_v6.cu";
+#endif
+  return "backward.cu";
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Kronecker-factored linear layer y = x (W_K kron ... kron W_1); version 0 = C++ CPU code, 1 = per-factor "
             "CUDA kernels, 2 = fused CUDA kernel, 3 = fused on tensor cores (TF32 / bf16), 4 = two factors on wgmma, "
@@ -640,5 +698,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_plan", lab::bind(fused_plan),
         "fused_plan(x, batch, sizes, cfg, cols, version) -> {fits, cfg, c, slices, smem_bytes, blocks_per_sm, threads, TM, TN, "
         "cost, smem_limit} (cuda_src/kron/plan_info.h)");
+  m.def("backward_kernels", lab::bind(backward_kernels),
+        "backward_kernels(x, batch, sizes, version) -> the source file whose kernels that version's backward runs");
   LAB_BIND_UNITS(m);
 }

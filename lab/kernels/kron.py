@@ -399,6 +399,16 @@ def plan(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
     return dict(ext().fused_plan(like, int(batch), list(parse_factors(sizes)), cfg, cols, version_number(version)))
 
 
+def backward_kernels(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda",
+                     version: str = "v2") -> str:
+    """Which kernels `version`'s backward runs for this batch and factorisation (16-byte aligned tensors): the
+    source file, 'backward.cu' (v1's per-factor kernels: v1, v2, and v6 where its own does not apply),
+    'backward_v6.cu' (v6: float32, two factors, multiples of 32, small batches), 'backward_tc.cu' (v3-v5) or
+    'cpu.cpp'."""
+    like = torch.empty(0, dtype=dtype, device=device)
+    return ext().backward_kernels(like, int(batch), list(parse_factors(sizes)), version_number(version))
+
+
 def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.float32, device="cuda",
          budget_ms: float = 40.0, version: str = "v2") -> list[dict]:
     """Time every (configuration, slice width) of a fused version that fits, against its automatic choice: rows
