@@ -10,7 +10,8 @@
 // (cuda_src/kron/v4.cu; v3 where it does not apply); 5 = v4's steps fed by TMA (cuda_src/kron/v5.cu; v3 where it
 // does not apply); 6 = version 2 for two factors in strict fp32 with every operand of a block in flight from its
 // start (cuda_src/kron/v6.cu; version 2 where it does not apply, Double tensors included). The backward of 1, 2 and 6
-// is cuda_src/kron/backward.cu (on the states their forward saved); that of 3-5 is cuda_src/kron/backward_tc.cu (at
+// is cuda_src/kron/backward.cu (on the states their forward saved); version 6 runs its own, backward_v6.cu, where it
+// applies (two factors, multiples of 32, small batches); that of 3-5 is cuda_src/kron/backward_tc.cu (at
 // their precision, the states recomputed). The CPU code computes the same
 // steps as the CUDA code (see the header of cuda_src/kron/kron.cuh for the algebra):
 //   forward   F-step  y[b] (P, f) = x[b]ᵀ (f, P)ᵀ · W          — for W_K, …, W_1 in turn

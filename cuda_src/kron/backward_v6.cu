@@ -18,22 +18,39 @@
 // then dW_1 = Σ_b part1[b], dW_2 = Σ_z part2[z] in a fixed order (reduce_kernel): the result does not depend on
 // scheduling. Every product accumulates in fp32 FMAs in ascending k.
 //
-// The products' operands in shared memory are rows of k as they lie in memory (no transposes): in every step the
-// output's "Q" rows (4 consecutive a thread, the same for the 8 lanes of a quarter-warp: broadcast reads) come from
-// an operand whose rows run along k; the "L" columns (8 lanes of a quarter-warp apart) come either from rows along k
-// (steps 1 and 3: a thread takes rows l, l+8, l+16, l+24; those operands' rows are padded by 4 floats, so 8 lanes'
-// 16-byte reads of 8 consecutive rows hit 8 different bank quads) or from a k-major operand (steps 2 and 4: 4
-// consecutive columns a thread, 8 lanes read 128 contiguous bytes). Per 4 values of k a thread issues 8 16-byte
-// shared loads for 64 FMAs — the ratio of v6's 4 × 4 forward.
+// The products' operands in shared memory are rows of k as they lie in memory (no transposes). In every step the
+// output's "Q" rows come from an operand whose rows run along k, read as broadcasts (the 8 lanes of a quarter-warp
+// read the same 16 bytes); a thread takes rows q0, q0+4, q0+8, q0+12 and the four quarter-warps rows 1 apart. The
+// "L" columns come either from rows along k (steps 1 and 3: a thread takes rows l, l+8, l+16, l+24, 8 lanes 1 row
+// apart) or from a k-major operand (steps 2 and 4: 4 consecutive columns a thread, 8 lanes read 128 contiguous
+// bytes). Every operand's rows are padded by 4 floats: 8 consecutive rows, or the quarter-warps' 4, then start in
+// different bank quads. Per 4 values of k a thread issues 8 16-byte shared loads for 64 FMAs, the ratio of v6's
+// 4 × 4 forward. The block's two halves (8 warps each) run steps 1 and 2 side by side, then steps 3 and 4.
 //
 // Scope (v1's backward runs everything else): K = 2, float32; f_1 and f_2 multiples of 32; c ∈ {16, 32} dividing
-// f_1 and the block's shared memory within the device's limit (196 KB at 128 × 128, c = 32); B·S blocks at most
+// f_1 and the block's shared memory within the device's limit (200 KB at 128 × 128, c = 32); B·S blocks at most
 // 4 an SM (part2 is B·S·f_2² floats: 8 MB at batch 32, 128 × 128); 16-byte aligned tensors.
 //
 // Napkin math (H100, 128 × 128, batch 32, c = 32): 4 · 134 M MAC = 537 M MAC, 8.2 us at the chip's FMA rate.
 // 128 blocks, one an SM, 2 M MAC a block: 16 k cycles of FMA issue an SM (~8.8 us) if nothing else issued. Loads:
-// 196 KB a block, 25 MB from L2 for the grid (W_2 alone 8 MB: every block reads all of it); part1 + part2 10 MB out
+// 200 KB a block, 25 MB from L2 for the grid (W_2 alone 8 MB: every block reads all of it); part1 + part2 10 MB out
 // and back in through the reduce.
+//
+// Measured (H100, CUDA graph of a training step = v6's forward + this backward, L2 flushed, fp32, 128 × 128;
+// torch.profiler for the kernels), in the order the designs were built:
+//  0. v1's kernels (before): the backward 40.9 us at batch 1 (dW 22.6, R-steps 18.0, reduce 1.6 for both factors'
+//     kernels), 53.2 at batch 32; the step 62.3 / 78.5 with v1's forward, torch.bmm's 46.5 / 72.4.
+//  1. one 256-thread block doing the four steps in turn, Q rows 4 consecutive a thread, only the L operands padded:
+//     the fused kernel 15.1 us at batch 1 (c = 16), 24.5 at 32; the step 29.7 / 46.3. ncu at batch 32: 2 warps a
+//     scheduler, 0.55 issued a cycle, 45% of cycles with no eligible warp.
+//  2. two halves of 8 warps, steps 1 ∥ 2 then 3 ∥ 4: 13.2 / 24.0 us (4 warps a scheduler; issue rate 0.56 a cycle,
+//     per issued instruction 2.15 cycles stalled on shared-memory loads, 0.62 on the MIO queue; shared loads cost
+//     4.1 wavefronts each, 1.14 M bank conflicts).
+//  3. (this) the quarter-warps' Q rows 1 apart and every operand padded: 12.2 / 22.8 us; the step 26.8 / 44.4 against
+//     torch.bmm's 45.6 / 72.5 and v1's 62.5 / 77.8; batch 64 75.7 (torch.bmm 90.7), batch 128 153.7 (141.2; v1
+//     161.3). ncu at batch 32: 3.1 wavefronts a shared load (0.10 M conflicts), 0.62 issued a cycle, 38% of cycles
+//     with no eligible warp, per issued instruction 1.58 cycles on shared-memory loads, 1.48 not selected; FMAs 70%
+//     of the instructions. Load, then two phases of 1 M MAC an SM each at ~45% of the FMA issue rate.
 // lab:variants dtype=f32
 #include "kron.cuh"
 
@@ -42,7 +59,8 @@
 namespace kron {
 namespace v6b {
 
-constexpr int kThreads = 256;  // 8 warps; a warp tile is 16 Q × 32 L outputs, 4 × 4 a thread
+constexpr int kThreads = 512;  // two halves of 8 warps; a warp tile is 16 Q × 32 L outputs, 4 × 4 a thread
+constexpr int kHalf = kThreads / 2;
 constexpr int kPad = 4;        // floats after each row of the operands read as 8 consecutive rows by a quarter-warp
 constexpr int kMaxBlocksPerSm = 4;
 
@@ -67,7 +85,7 @@ __device__ __forceinline__ void issue_rows(float* dst, int ld, const float* src,
 }
 
 // acc[q][l] += Σ_{k < K} A[q][k]·B[l][k] for the thread's 4 × 4 outputs, k ascending, 4 at a time.
-//   a: row q0 of the Q operand, rows lda apart, k contiguous (rows q0..q0+3)
+//   a: row q0 of the Q operand, k contiguous, rows lda apart; the thread's rows q0, q0+4, q0+8, q0+12
 //   b: LKMAJOR: element (k = 0, l0) of a k-major operand, rows of k ldb apart, columns l0..l0+3;
 //      else:    row l0 of an operand with k contiguous, rows ldb apart, the thread's rows l0, l0+8, l0+16, l0+24
 template <bool LKMAJOR>
@@ -76,7 +94,7 @@ __device__ __forceinline__ void mma4x4(float (&acc)[4][4], const float* a, int l
   for (int k = 0; k < K; k += 4) {
     float av[4][4], bv[4][4];  // av[q][kk], bv[l][kk]
 #pragma unroll
-    for (int q = 0; q < 4; ++q) unpack(ld16<float4>(a + q * lda + k), av[q]);
+    for (int q = 0; q < 4; ++q) unpack(ld16<float4>(a + 4 * q * lda + k), av[q]);
     if constexpr (LKMAJOR) {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
@@ -98,94 +116,98 @@ __device__ __forceinline__ void mma4x4(float (&acc)[4][4], const float* a, int l
   }
 }
 
-// Warp tile wt of a Q × L output (Q a multiple of 16, L of 32): the thread's first Q row and first L index.
-// LKMAJOR: 4 consecutive L a thread (lanes 4 apart); else L rows l0 + 8·j (lanes 1 apart).
+// Warp tile wt of a Q × L output (Q a multiple of 16, L of 32): the thread's first Q row (quarter-warps 1 apart,
+// rows q0 + 4·j) and first L index (LKMAJOR: 4 consecutive L a thread, lanes 4 apart; else rows l0 + 8·j, lanes 1
+// apart).
 template <bool LKMAJOR>
 __device__ __forceinline__ void tile_origin(int wt, int L, int* q0, int* l0) {
   const int lane = threadIdx.x & 31, lt = L / 32;
-  *q0 = (wt / lt) * 16 + (lane >> 3) * 4;
+  *q0 = (wt / lt) * 16 + (lane >> 3);
   *l0 = (wt % lt) * 32 + (LKMAJOR ? (lane & 7) * 4 : (lane & 7));
 }
 
-__global__ void __launch_bounds__(kThreads) fused_kernel(const Args a) {
+__global__ void __launch_bounds__(kThreads, 1) fused_kernel(const Args a) {
   extern __shared__ __align__(16) float smem[];
   const int f1 = a.f1, f2 = a.f2, c = a.c;
   const int ldg = f1 + kPad, ldw2 = f2 + kPad;
+  const int ldx = c + kPad;
   float* Gs = smem;               // [f_2][f_1 + 4]  dy[b]
-  float* W1s = Gs + f2 * ldg;     // [c][f_1]        W_1[r0:r0+c, :]
-  float* Fs = W1s + c * f1;       // [c][f_2]        F_1[b][r0:r0+c, :]
-  float* W2s = Fs + c * f2;       // [f_2][f_2 + 4]  W_2
-  float* Xs = W2s + f2 * ldw2;    // [f_2][c]        x[b][:, r0:r0+c]
-  float* Ts = Xs + f2 * c;        // [c][f_2]        T = dF_1[b][r0:r0+c, :]
+  float* W1s = Gs + f2 * ldg;     // [c][f_1 + 4]    W_1[r0:r0+c, :]
+  float* Fs = W1s + c * ldg;      // [c][f_2 + 4]    F_1[b][r0:r0+c, :]
+  float* W2s = Fs + c * ldw2;     // [f_2][f_2 + 4]  W_2
+  float* Xs = W2s + f2 * ldw2;    // [f_2][c + 4]    x[b][:, r0:r0+c]
+  float* Ts = Xs + f2 * ldx;      // [c][f_2 + 4]    T = dF_1[b][r0:r0+c, :]
   const long b = blockIdx.x / a.S;
   const int s = int(blockIdx.x % a.S), r0 = s * c;
   const long N = long(f1) * f2;
-  const int warp = threadIdx.x >> 5, nwarps = kThreads >> 5;
+  // two halves of 8 warps: half 0 runs steps 1 and 3, half 1 steps 2 and 4 (each pair independent of each other)
+  const int half = threadIdx.x / kHalf, warp = (threadIdx.x % kHalf) >> 5, nwarps = kHalf >> 5;
 
-  // every load of the block at entry, in the order the steps use them: four cp.async groups
-  issue_rows(W1s, f1, a.w1 + long(r0) * f1, f1, c, f1 / 4);  // group 0: step 1
+  // every load of the block at entry, in three cp.async groups: the first pair's operands, then the second's
+  issue_rows(W1s, ldg, a.w1 + long(r0) * f1, f1, c, f1 / 4);  // group 0: steps 1 and 2
   issue_rows(Gs, ldg, a.g + b * N, f1, f2, f1 / 4);
+  issue_rows(Fs, ldw2, a.st + b * N + long(r0) * f2, f2, c, f2 / 4);
   cp_async_commit();
-  issue_rows(Fs, f2, a.st + b * N + long(r0) * f2, f2, c, f2 / 4);  // group 1: step 2
+  issue_rows(Xs, ldx, a.x + b * N + r0, f1, f2, c / 4);  // group 1: step 4
   cp_async_commit();
   issue_rows(W2s, ldw2, a.w2, f2, f2, f2 / 4);  // group 2: step 3
   cp_async_commit();
-  issue_rows(Xs, c, a.x + b * N + r0, f1, f2, c / 4);  // group 3: step 4
-  cp_async_commit();
-
-  // step 1: T (c × f_2) = W_1 rows · Gᵀ, k = j_1; L = j_2 from G's rows
-  cp_async_wait<3>();
-  __syncthreads();
-  for (int wt = warp; wt < (c / 16) * (f2 / 32); wt += nwarps) {
-    int q0, l0;
-    tile_origin<false>(wt, f2, &q0, &l0);
-    float acc[4][4] = {};
-    mma4x4<false>(acc, W1s + q0 * f1, f1, Gs + l0 * ldg, ldg, f1);
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int l = 0; l < 4; ++l) Ts[(q0 + q) * f2 + l0 + 8 * l] = acc[q][l];
-  }
-
-  // step 2: P1 (c × f_1) = F_1 rows · G, k = j_2; L = j_1, G k-major -> part1[b][r0 + q][j_1]
   cp_async_wait<2>();
-  __syncthreads();  // (also: T whole for steps 3 and 4)
-  for (int wt = warp; wt < (c / 16) * (f1 / 32); wt += nwarps) {
-    int q0, l0;
-    tile_origin<true>(wt, f1, &q0, &l0);
-    float acc[4][4] = {};
-    mma4x4<true>(acc, Fs + q0 * f2, f2, Gs + l0, ldg, f2);
-    float* p = a.part1 + b * f1 * f1 + long(r0 + q0) * f1 + l0;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) st16<float4>(p + q * f1, make_float4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]));
-  }
-
-  // step 3: dx[b][i_2][r0 + q] = Σ_{j_2} W_2[i_2][j_2]·T[q][j_2]: Q = q from T's rows, L = i_2 from W_2's rows
-  cp_async_wait<1>();
   __syncthreads();
-  for (int wt = warp; wt < (c / 16) * (f2 / 32); wt += nwarps) {
-    int q0, l0;
-    tile_origin<false>(wt, f2, &q0, &l0);
-    float acc[4][4] = {};
-    mma4x4<false>(acc, Ts + q0 * f2, f2, W2s + l0 * ldw2, ldw2, f2);
-    float* d = a.dx + b * N + r0 + q0;
-#pragma unroll
-    for (int l = 0; l < 4; ++l)
-      st16<float4>(d + long(l0 + 8 * l) * f1, make_float4(acc[0][l], acc[1][l], acc[2][l], acc[3][l]));
-  }
 
-  // step 4: P2 (f_2 × f_2) = X[:, r0:r0+c]·T, k = i; Q = i_2 from Xs's rows, L = j_2 from T (k-major)
+  if (half == 0) {
+    // step 1: T (c × f_2) = W_1 rows · Gᵀ, k = j_1; L = j_2 from G's rows
+    for (int wt = warp; wt < (c / 16) * (f2 / 32); wt += nwarps) {
+      int q0, l0;
+      tile_origin<false>(wt, f2, &q0, &l0);
+      float acc[4][4] = {};
+      mma4x4<false>(acc, W1s + q0 * ldg, ldg, Gs + l0 * ldg, ldg, f1);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int l = 0; l < 4; ++l) Ts[(q0 + 4 * q) * ldw2 + l0 + 8 * l] = acc[q][l];
+    }
+  } else {
+    // step 2: P1 (c × f_1) = F_1 rows · G, k = j_2; L = j_1, G k-major -> part1[b][r0 + q][j_1]
+    for (int wt = warp; wt < (c / 16) * (f1 / 32); wt += nwarps) {
+      int q0, l0;
+      tile_origin<true>(wt, f1, &q0, &l0);
+      float acc[4][4] = {};
+      mma4x4<true>(acc, Fs + q0 * ldw2, ldw2, Gs + l0, ldg, f2);
+      float* p = a.part1 + b * f1 * f1 + long(r0 + q0) * f1 + l0;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        st16<float4>(p + 4 * q * f1, make_float4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]));
+    }
+  }
   cp_async_wait<0>();
-  __syncthreads();
-  float* p2 = a.part2 + long(blockIdx.x) * f2 * f2;
-  for (int wt = warp; wt < (f2 / 16) * (f2 / 32); wt += nwarps) {
-    int q0, l0;
-    tile_origin<true>(wt, f2, &q0, &l0);
-    float acc[4][4] = {};
-    mma4x4<true>(acc, Xs + q0 * c, c, Ts + l0, f2, c);
+  __syncthreads();  // T whole; W_2 and x[b]'s slice landed
+
+  if (half == 0) {
+    // step 3: dx[b][i_2][r0 + q] = Σ_{j_2} W_2[i_2][j_2]·T[q][j_2]: Q = q from T's rows, L = i_2 from W_2's rows
+    for (int wt = warp; wt < (c / 16) * (f2 / 32); wt += nwarps) {
+      int q0, l0;
+      tile_origin<false>(wt, f2, &q0, &l0);
+      float acc[4][4] = {};
+      mma4x4<false>(acc, Ts + q0 * ldw2, ldw2, W2s + l0 * ldw2, ldw2, f2);
+      float* d = a.dx + b * N + r0 + q0;
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-      st16<float4>(p2 + long(q0 + q) * f2 + l0, make_float4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]));
+      for (int l = 0; l < 4; ++l)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) d[long(l0 + 8 * l) * f1 + 4 * q] = acc[q][l];
+    }
+  } else {
+    // step 4: P2 (f_2 × f_2) = X[:, r0:r0+c]·T, k = i; Q = i_2 from Xs's rows, L = j_2 from T (k-major)
+    float* p2 = a.part2 + long(blockIdx.x) * f2 * f2;
+    for (int wt = warp; wt < (f2 / 16) * (f2 / 32); wt += nwarps) {
+      int q0, l0;
+      tile_origin<true>(wt, f2, &q0, &l0);
+      float acc[4][4] = {};
+      mma4x4<true>(acc, Xs + q0 * ldx, ldx, Ts + l0, ldw2, c);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        st16<float4>(p2 + long(q0 + 4 * q) * f2 + l0, make_float4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]));
+    }
   }
 }
 
@@ -200,8 +222,9 @@ struct ReduceArgs {
   int Z[2];   // partials
 };
 
-__global__ void __launch_bounds__(kThreads) reduce_kernel(const __grid_constant__ ReduceArgs a) {
-  __shared__ float4 sums[kThreads / 32][32];
+constexpr int kReduceThreads = 256;
+__global__ void __launch_bounds__(kReduceThreads) reduce_kernel(const __grid_constant__ ReduceArgs a) {
+  __shared__ float4 sums[kReduceThreads / 32][32];
   const int k = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int ff = a.ff[k], Z = a.Z[k];
   const long e = (long(blockIdx.x) * 32 + lane) * 4;
@@ -210,7 +233,7 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const __grid_constant_
   if (live) {
     const float* p = a.part[k] + e;
 #pragma unroll 4
-    for (int z = warp; z < Z; z += kThreads / 32) {
+    for (int z = warp; z < Z; z += kReduceThreads / 32) {
       const float4 v = ld16<float4>(p + long(z) * ff);
       acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
     }
@@ -219,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const __grid_constant_
   __syncthreads();
   if (warp == 0 && live) {
     float4 t = sums[0][lane];
-    for (int w = 1; w < kThreads / 32; ++w) {
+    for (int w = 1; w < kReduceThreads / 32; ++w) {
       const float4 v = sums[w][lane];
       t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
     }
@@ -235,8 +258,7 @@ struct Plan {
 };
 
 inline long smem_bytes(int f1, int f2, int c) {
-  return 4L * (long(f2) * (f1 + kPad) + long(c) * f1 + long(c) * f2 + long(f2) * (f2 + kPad) + long(f2) * c +
-               long(c) * f2);
+  return 4L * (long(f2 + c) * (f1 + kPad) + long(c + f2 + c) * (f2 + kPad) + long(f2) * (c + kPad));
 }
 
 // c = 32 where the batch fills half the SMs with it (a thinner slice re-reads W_2 and G[b] more often for the same
@@ -296,7 +318,7 @@ cudaError_t backward(const float* g, const float* x, const float* const* w, cons
   ReduceArgs r{{part1, part2}, {dw[0], dw[1]}, {f1 * f1, f2 * f2}, {int(B), int(p.blocks)}};
   const int fmax = std::max(f1, f2);
   dim3 grid(unsigned(cdiv(fmax * fmax / 4, 32)), 2);
-  reduce_kernel<<<grid, kThreads, 0, s>>>(r);
+  reduce_kernel<<<grid, kReduceThreads, 0, s>>>(r);
   return cudaGetLastError();
 }
 

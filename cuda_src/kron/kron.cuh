@@ -37,7 +37,9 @@
 //       registers (schedule 2) or staged once. v3 elsewhere.
 //   v6: v2 for two factors in strict fp32 with all of a block's operands in flight from its start (six cp.async
 //       groups, no 2-stage pipeline), 4 × 4 or (k split among two or four threads) 8 × 4 outputs a thread (v6.cu);
-//       v2 elsewhere. Backward: v1's kernels on the state it saves.
+//       v2 elsewhere. Backward (backward_v6.cu): two factors, multiples of 32, small batches: one block a (sample,
+//       slice of W_1's rows) computes dx's columns and its shares of dW_1 and dW_2 from operands all in flight at
+//       entry, then one reduce launch; v1's kernels elsewhere, on the state it saves.
 //   backward of v3-v5 (backward_tc.cu): at their precision, the states recomputed (their forwards save none), then
 //       per factor a split-K dW and an R-step, one mma.sync GEMM kernel for the three step kinds, one reduce launch.
 //
@@ -66,7 +68,9 @@
 // Units (this header holds what they share; each is its own build, so an edit of one rebuilds one):
 //   v1.cu        the F-step kernel and the per-factor forward (version 1; version 2 where the fused kernel does not
 //                fit, or K = 1)
-//   backward.cu  the R-step, dW and reduce kernels and the backward driver (versions 1 and 2)
+//   backward.cu  the R-step, dW and reduce kernels and the backward driver (versions 1 and 2; 6 where its own
+//                does not apply)
+//   backward_v6.cu  version 6's backward (float32 only)
 //   backward_tc.cu  the backward of versions 3-5 (TF32 / bf16), built per dtype
 //   mma_sync.cuh the mma.sync fragments and the cp.async pipeline that v3.cu and backward_tc.cu share
 //   v2.cu        the fused kernel, built once per dtype and block configuration (`// lab:variants dtype=f32,f64

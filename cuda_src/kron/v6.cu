@@ -15,7 +15,7 @@
 //   step 1  S (f_1 × c) = X_bᵀ · W_2[:, c0:c0+c]     M = f_1 (i_1), N = c (j_2), K = f_2 (i_2); A = X_b[i_2][i_1]
 //   step 2  Y (c × f_1) = Sᵀ · W_1                   M = c (j_2),   N = f_1 (j_1), K = f_1 (i_1); A = S[i_1][j_2]
 //   y[b][(c0 + j)·f_1 + n] = Y[j][n]; with `save`, S is also written to F_1[b][i_1·f_2 + c0 + j] (the state v1's
-//   backward reads: v6's backward is v2's, backward.cu)
+//   backward reads: backward_v6.cu, or backward.cu where that one does not apply)
 // Accumulation is in fp32 FMAs (cfg 1 and 2 add two or four partial sums at the end): the same arithmetic as v2, not
 // the same rounding order as cuBLAS.
 //

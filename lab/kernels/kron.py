@@ -22,7 +22,9 @@ C++ CPU version). Versions (ours):
               factors MN-major as they lie in memory; float32: TF32 with x through registers, W_2 staged once and
               W_1 held in registers); v3 elsewhere
   v6          CUDA: v2 for two factors in strict fp32, every operand of a block (x[b], W_2's slice, W_1) in flight
-              from its start instead of a 2-stage pipeline; v2 elsewhere (float64 included); backward: v2's
+              from its start instead of a 2-stage pipeline; v2 elsewhere (float64 included); backward
+              (backward_v6.cu): one kernel for both factors' dx, dW_1 and dW_2 shares at small batch (multiples of
+              32), then a reduce; v2's elsewhere
   backward of v3-v5: backward_tc.cu, at their precision: the states recomputed (their forwards save none), then
               per factor an R-step and a split-K dW GEMM on mma.sync, one reduce launch
 Baselines (PyTorch, named for what they run):
@@ -206,7 +208,8 @@ PYTORCH = {"torch": kron_torch, "torch.bmm": kron_bmm, "torch.bmm.tf32": kron_bm
 
 # ---- cpu, v1, v2: the compiled code ---------------------------------------------------------------------------------
 def _backward_default(x: torch.Tensor) -> str:
-    # the backward of v1, v2 and v6 is one set of kernels (backward.cu), that of v3-v5 another (backward_tc.cu)
+    # the backward of v1, v2 (and v6 where its own, backward_v6.cu, does not apply) is one set of kernels
+    # (backward.cu), that of v3-v5 another (backward_tc.cu)
     if not x.is_cuda:
         return "cpu"
     return "v5" if x.dtype == torch.bfloat16 else "v2"
@@ -536,7 +539,8 @@ IDEAS = {
     "v5": ("CUDA: v4's wgmma steps fed by TMA: x in flight in a ring, y out by TMA store (bf16: operands MN-major as "
            "in memory; TF32: x and W_1 through registers)"),
     "v6": ("CUDA: v2 for two factors in strict fp32, all of a block's operands in flight from its start (no "
-           "2-stage pipeline); 4x4 outputs a thread, or 8x4 with k split among two or four threads"),
+           "2-stage pipeline); 4x4 outputs a thread, or 8x4 with k split among two or four threads; backward: one "
+           "kernel a (sample, slice) for dx and both dW shares, then a reduce (small batches)"),
     "torch": "PyTorch as one writes it: reshape / matmul / movedim per factor (a copy per factor)",
     "torch.bmm": "PyTorch: one strided-batched GEMM per factor, axis move folded into the operand layout",
     "torch.bmm.tf32": "torch.bmm with TF32 on (cuBLAS TF32): v3's baseline on float32 tensors",
