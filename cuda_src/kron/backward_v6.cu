@@ -50,7 +50,17 @@
 //     torch.bmm's 45.6 / 72.5 and v1's 62.5 / 77.8; batch 64 75.7 (torch.bmm 90.7), batch 128 153.7 (141.2; v1
 //     161.3). ncu at batch 32: 3.1 wavefronts a shared load (0.10 M conflicts), 0.62 issued a cycle, 38% of cycles
 //     with no eligible warp, per issued instruction 1.58 cycles on shared-memory loads, 1.48 not selected; FMAs 70%
-//     of the instructions. Load, then two phases of 1 M MAC an SM each at ~45% of the FMA issue rate.
+//     of the instructions. Where a block's time goes (%globaltimer, from its entry, median of the 128 blocks at batch
+//     32; 8 blocks at batch 1): all copies queued 3.9 us (1.9), the first group landed 4.2 (2.0), steps 1 ∥ 2 done
+//     12.7 (6.2), steps 3 ∥ 4 done 21.0 (10.9). Each pair of steps is 1 M MAC an SM (0.5 M at batch 1, c = 16) and
+//     takes 8.5 us (4.2), half the FMA rate: per 64 FMAs a thread issues 8 shared loads of ~3.1 wavefronts each, 25
+//     cycles of the SM's one wavefront a cycle against 16 of FMA issue (4 schedulers). So the steps are bound by
+//     shared-memory bandwidth, the 4 × 4 tile's ratio; larger tiles need a k-split at c = 32 (4096 outputs a step
+//     for 256 threads) whose partial sums do not fit beside the 200 KB of operands.
+//  4. only the first pair's operands queued at entry, W_2 and x's slice after they land (so no thread waits in the
+//     copy queue while it could multiply): the first group landed at 3.5 us instead of 4.2, but steps 1 ∥ 2 then took
+//     9.1 us (the later copies now arrive during them) and ended where design 3's did: 12.6 / 22.9 us, batch 128
+//     156 (design 3 in the same run: 12.2 / 22.9, 153.5). Not kept.
 // lab:variants dtype=f32
 #include "kron.cuh"
 
