@@ -62,8 +62,9 @@
 //    than v1 there: its 8×8 variant sits at the 128-register cap that 2 blocks per SM need (a few spills, 4 of them
 //    inside the FMA loop) and each block runs its two GEMMs back to back behind barriers. The rest needs what a tuned
 //    SGEMM does (deeper pipeline, warp-specialised loads), or TF32 tensor cores (another precision).
-//  - forward + backward eager is CPU-bound (autograd and per-op launches); as a graph, the backward's 5 launches (dW
-//    and R-step per factor, then the reduce) cost about what cuBLAS's do.
+//  - forward + backward eager is CPU-bound (autograd and per-op launches); as a graph, v1's backward (5 launches: dW
+//    and R-step per factor, then the reduce) costs about what cuBLAS's does. v6's backward at small batch is one
+//    kernel and a reduce, bound by shared-memory bandwidth (backward_v6.cu's header has the trace and ncu figures).
 //
 // Units (this header holds what they share; each is its own build, so an edit of one rebuilds one):
 //   v1.cu        the F-step kernel and the per-factor forward (version 1; version 2 where the fused kernel does not
