@@ -208,6 +208,8 @@ def test_backward_kernels_names_the_backward_and_checks_the_version():
     assert K.backward_kernels(2, "4x4", device="cpu", version="cpu") == "cpu.cpp"
     with pytest.raises(ValueError, match="version 6 is a CUDA kernel but x is on the CPU"):
         K.backward_kernels(2, "4x4", device="cpu", version="v6")
+    with pytest.raises(ValueError, match="sizes must be positive 32-bit integers, got 0"):
+        K.ext().backward_kernels(torch.empty(0), 2, [4, 0], 0)
 
 
 def _v6_backward(batch, factors, seed, g_nan=None):

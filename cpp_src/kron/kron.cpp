@@ -601,6 +601,22 @@ at::Tensor apply(const at::Tensor& x, py::sequence factors_, int64_t version, in
   return KronAutograd::apply(x, version, cfg, cols, need, at::TensorList(factors));
 }
 
+// Factor sizes from Python (fused_plan, backward_kernels): 1..kMaxFactors positive 32-bit sizes; *N = their product
+std::vector<int> factor_sizes(py::sequence sizes, int64_t* N) {
+  const size_t nf = py::len(sizes);
+  LAB_CHECK_VALUE(nf >= 1 && nf <= size_t(kMaxFactors), "sizes must list 1..", kMaxFactors, " factor sizes, got ",
+                  nf);
+  std::vector<int> f;
+  *N = 1;
+  for (size_t i = 0; i < nf; ++i) {
+    const int64_t v = py::cast<int64_t>(sizes[i]);
+    LAB_CHECK_VALUE(v >= 1 && v <= INT32_MAX, "sizes must be positive 32-bit integers, got ", v);
+    f.push_back(static_cast<int>(v));
+    *N *= v;
+  }
+  return f;
+}
+
 // What v2 would launch for a batch and factor sizes (x: any CUDA tensor of the dtype, for dtype and device):
 // (fits, cfg, c, slices per sample, shared bytes per block, blocks per SM, threads, TM, TN, cost, device smem limit)
 // version 3: (x Float or BFloat16) what v3 would launch; cfg 0..1 forces a configuration; 4, 5: theirs; 6 (Float):
@@ -615,18 +631,9 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
     lab::check_dtype(x, "x", {at::kFloat, at::kDouble});
   LAB_CHECK_VALUE(x.is_cuda(), "fused_plan: x must be a CUDA tensor (it names the device and dtype), got ",
                     x.device().str());
-  const size_t nf = py::len(sizes);
-  LAB_CHECK_VALUE(nf >= 1 && nf <= size_t(kMaxFactors), "sizes must list 1..", kMaxFactors, " factor sizes, got ",
-                    nf);
-  LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "fused_plan: cfg must be -1 (automatic) or 0..2, got ", cfg);
-  std::vector<int> f;
   int64_t N = 1;
-  for (size_t i = 0; i < nf; ++i) {
-    const int64_t v = py::cast<int64_t>(sizes[i]);
-    LAB_CHECK_VALUE(v >= 1 && v <= INT32_MAX, "sizes must be positive 32-bit integers, got ", v);
-    f.push_back(static_cast<int>(v));
-    N *= v;
-  }
+  const std::vector<int> f = factor_sizes(sizes, &N);
+  LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "fused_plan: cfg must be -1 (automatic) or 0..2, got ", cfg);
   std::vector<int64_t> info(kron::kPlanFields, 0);
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
@@ -663,23 +670,14 @@ py::dict fused_plan(const at::Tensor& x, int64_t batch, py::sequence sizes, int6
 // or "backward.cu" (versions 1, 2, and 6 elsewhere); "cpu.cpp" on the CPU.
 std::string backward_kernels(const at::Tensor& x, int64_t batch, py::sequence sizes, int64_t version) {
   lab::check_version(x, "x", version, 1, kLastVersion, "kron");
+  int64_t N = 1;
+  const std::vector<int> f = factor_sizes(sizes, &N);
   if (!x.is_cuda()) return "cpu.cpp";
   if (tensor_cores(version)) return "backward_tc.cu";
-  const size_t nf = py::len(sizes);
-  LAB_CHECK_VALUE(nf >= 1 && nf <= size_t(kMaxFactors), "sizes must list 1..", kMaxFactors, " factor sizes, got ",
-                  nf);
-  std::vector<int> f;
-  int64_t N = 1;
-  for (size_t i = 0; i < nf; ++i) {
-    const int64_t v = py::cast<int64_t>(sizes[i]);
-    LAB_CHECK_VALUE(v >= 1 && v <= INT32_MAX, "sizes must be positive 32-bit integers, got ", v);
-    f.push_back(static_cast<int>(v));
-    N *= v;
-  }
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
   if (version == 6 && x.scalar_type() == at::kFloat &&
-      lab::launcher<BackwardWorkspace>("kron_v6_backward_workspace@f32")(batch, N, f.data(), int(nf)) > 0)
+      lab::launcher<BackwardWorkspace>("kron_v6_backward_workspace@f32")(batch, N, f.data(), int(f.size())) > 0)
     return "backward_v6.cu";
 #endif
   return "backward.cu";
