@@ -38,8 +38,8 @@
 //
 // Measured (H100, CUDA graph of a training step = v6's forward + this backward, L2 flushed, fp32, 128 × 128;
 // torch.profiler for the kernels), in the order the designs were built:
-//  0. v1's kernels (before): the backward 40.9 us at batch 1 (dW 22.6, R-steps 18.0, reduce 1.6 for both factors'
-//     kernels), 53.2 at batch 32; the step 62.3 / 78.5 with v1's forward, torch.bmm's 46.5 / 72.4.
+//  0. v1's kernels (before): the backward 42.1 us at batch 1 (dW 22.5, R-steps 18.0, reduce 1.6 for both factors'
+//     kernels; forward v6's), 53.3 at batch 32; the step 62.3 / 78.5 with v1's forward, torch.bmm's 46.5 / 72.4.
 //  1. one 256-thread block doing the four steps in turn, Q rows 4 consecutive a thread, only the L operands padded:
 //     the fused kernel 15.1 us at batch 1 (c = 16), 24.5 at 32; the step 29.7 / 46.3. ncu at batch 32: 2 warps a
 //     scheduler, 0.55 issued a cycle, 45% of cycles with no eligible warp.
