@@ -71,7 +71,8 @@ namespace v6b {
 
 constexpr int kThreads = 512;  // two halves of 8 warps; a warp tile is 16 Q × 32 L outputs, 4 × 4 a thread
 constexpr int kHalf = kThreads / 2;
-constexpr int kPad = 4;        // floats after each row of the operands read as 8 consecutive rows by a quarter-warp
+constexpr int kPad = 4;        // floats after each operand row: 8 consecutive rows (a quarter-warp's L reads) or 4
+                               // rows 1 apart (the quarter-warps' Q reads) start in different bank quads
 constexpr int kMaxBlocksPerSm = 4;
 
 struct Args {
