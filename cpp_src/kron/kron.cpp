@@ -428,8 +428,6 @@ at::Tensor backward_tc(const at::Tensor& g, const at::Tensor& x, const std::vect
   return dx;
 }
 
-// Gradients of y = x · (W_K ⊗ … ⊗ W_1) for upstream gradient g: dx and dws[k] = dL/dW_{k+1}, written into the given
-// tensors. states: the K-1 intermediate states the forward wrote.
 #ifdef LAB_WITH_CUDA
 // Version 6's backward (Float tensors): backward_v6.cu's fused kernel and reduce, where its plan applies (two factors,
 // multiples of 32, a small batch) and every tensor is 16-byte aligned; false: the caller runs v1's kernels.
@@ -457,6 +455,8 @@ bool backward_v6(const at::Tensor& g, const at::Tensor& x, const std::vector<at:
 }
 #endif
 
+// Gradients of y = x · (W_K ⊗ … ⊗ W_1) for upstream gradient g: dx and dws[k] = dL/dW_{k+1}, written into the given
+// tensors. states: the K-1 intermediate states the forward wrote.
 at::Tensor backward_impl(const at::Tensor& g, const at::Tensor& x, const std::vector<at::Tensor>& factors,
                          const std::vector<at::Tensor>& states, at::Tensor dx, const std::vector<at::Tensor>& dws,
                          int64_t version) {
