@@ -56,7 +56,8 @@
 //     takes 8.5 us (4.2), half the FMA rate: per 64 FMAs a thread issues 8 shared loads of ~3.1 wavefronts each, 25
 //     cycles of the SM's one wavefront a cycle against 16 of FMA issue (4 schedulers). So the steps are bound by
 //     shared-memory bandwidth, the 4 × 4 tile's ratio; larger tiles need a k-split at c = 32 (4096 outputs a step
-//     for 256 threads) whose partial sums do not fit beside the 200 KB of operands.
+//     for 256 threads) whose partial sums, 16 KB a step with two steps at once, do not both fit beside the 200 KB of
+//     operands (one does: step 2's could leave as extra dW_1 partials instead).
 //  4. only the first pair's operands queued at entry, W_2 and x's slice after they land (so no thread waits in the
 //     copy queue while it could multiply): the first group landed at 3.5 us instead of 4.2, but steps 1 ∥ 2 then took
 //     9.1 us (the later copies now arrive during them) and ended where design 3's did: 12.6 / 22.9 us, batch 128
