@@ -54,7 +54,9 @@
 //     32; 8 blocks at batch 1): all copies queued 3.9 us (1.9), the first group landed 4.2 (2.0), steps 1 ∥ 2 done
 //     12.7 (6.2), steps 3 ∥ 4 done 21.0 (10.9). Each pair of steps is 1 M MAC an SM (0.5 M at batch 1, c = 16) and
 //     takes 8.5 us (4.2), half the FMA rate: per 64 FMAs a thread issues 8 shared loads of ~3.1 wavefronts each, 25
-//     cycles of the SM's one wavefront a cycle against 16 of FMA issue (4 schedulers). So the steps are bound by
+//     cycles of the SM's one wavefront a cycle against 16 of FMA issue (4 schedulers). (The path returns 128 bytes a
+//     cycle, one register a lane: a 16-byte load takes 4 cycles, or 2 where lanes n and n^1 share an address, as in
+//     the Q loads' quarter-warp broadcasts — NVIDIA's developer forum on uniform shared loads; so 3 on average here.) So the steps are bound by
 //     shared-memory bandwidth, the 4 × 4 tile's ratio; larger tiles need a k-split at c = 32 (4096 outputs a step
 //     for 256 threads) whose partial sums, 16 KB a step with two steps at once, do not both fit beside the 200 KB of
 //     operands (one does: step 2's could leave as extra dW_1 partials instead).
