@@ -2,10 +2,10 @@
 // of W_1's rows) doing all four of the sample's products, then one reduce launch (the algebra: kron.cuh).
 //
 // Why. v1's backward (backward.cu, also v2's and until now v6's) runs per factor a dW kernel and an R-step kernel, then
-// a reduce: at batch 1 the four kernels took 11 + 11 + 9 + 9 us (H100, graph, 128 × 128, torch.profiler), each block
-// walking f/16 chunks of k through a 2-stage pipeline, one round trip to L2 a chunk; at batch 32 53 us of a 73 us
-// training step whose forward (v6) took 14. Here every operand of a block is in flight from its first cycle (as in
-// v6's forward) and one kernel does what the four did.
+// a reduce: at batch 1 the four kernels took 11 + 11 + 9 + 9 us (H100, 128 × 128, torch.profiler's kernel records of
+// an eager step), each block walking f/16 chunks of k through a 2-stage pipeline, one round trip to L2 a chunk; at
+// batch 32 53 us of a 73 us training step (its CUDA graph) whose forward (v6) took 14. Here every operand of a block
+// is in flight from its first cycle (as in v6's forward) and one kernel does what the four did.
 //
 // The algebra for K = 2, a sample read as X (f_2 × f_1) [i_2][i_1], G = dy[b] (f_2 × f_1) [j_2][j_1], the forward's
 // state F_1 = Xᵀ·W_2 (f_1 × f_2) [i_1][j_2] (v6 saves it), dF_1 = W_1·Gᵀ:
