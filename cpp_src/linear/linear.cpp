@@ -150,8 +150,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
       prologue("linear", kLinearVersions, x, weight, bias, out, version, cpu_done);
   if (cpu_done) return out;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
-  LAB_CHECK_TYPE(!bf16 || version >= 10, "linear: version ", version, " takes Float tensors (x, weight, bias, out), "
-                   "got BFloat16 (the bfloat16 versions are 10 and 11)");
+  // (not version >= 10: v12 is float32 only, and its launcher would read bfloat16 data as floats)
+  LAB_CHECK_TYPE(!bf16 || version == 10 || version == 11, "linear: version ", version, " takes Float tensors (x, "
+                   "weight, bias, out), got BFloat16 (the bfloat16 versions are 10 and 11)");
 #ifdef LAB_WITH_CUDA
   c10::cuda::CUDAGuard guard(x.device());
   if (version == 11) {
