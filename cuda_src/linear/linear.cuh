@@ -59,9 +59,20 @@
 //
 // What bounds the best SIMT rung (Nsight Compute at 4096^3, .ci/sgemm_stalls.py; the measured tables are in
 // results/<device>/profiles/linear_sgemm_4096_ncu_*.csv and notebook 02): v9 issues about as many instructions as
-// cuBLAS's FFMA kernel, with a similar FFMA share, but at a lower issue rate per scheduler: it stalls more on memory
-// dependences (long scoreboard: cp.async data), dispatch and fixed-latency waits. v8, with 4 warps per scheduler,
-// loses most at its barrier and in dispatch. Which instructions stall (ncu's source-level sampling) is not examined.
+// cuBLAS's FFMA kernel (which also runs 128x128 tiles of 4 warps, 2 blocks an SM), with a similar FFMA share, but at a
+// lower issue rate per scheduler (0.72 against 0.90 on the H100). Source-level sampling (..._ncu_source_*.csv;
+// `.ci/sgemm_stalls.py summarize` prints it by opcode) puts v9's extra stalls on one LEA waiting on the long
+// scoreboard (a stage's shared address, written into a register the tile's cp.async had just read), on dispatch stalls
+// of the FFMAs themselves (about twice cuBLAS's share), and on fixed-latency waits at LDGSTS, BRA and IADD3; v8, with
+// 4 warps per scheduler, loses most at its barrier and in dispatch.
+// Three more designs were built and timed against v8/v9 on the H100 for issue 14's 90% goal (branch
+// next/sgemm-designs, whose v13.cu header holds the table and the stalls): fragments double-buffered in registers
+// across the tile boundary (A: the shared-load waits became dispatch and fixed-latency waits, 3% slower than v9);
+// v9's and v8's kernels at BK 16 in 3 stages (B: the fewest instructions of all, fewer than cuBLAS's, at v9's issue
+// rate; 1-4% faster than v8/v9 at 2048^3 and 4096^3, slower at 1024^3, 82% of cuBLAS at best); and k-major tiles
+// filled by 16-byte copies (C: a quarter of the copy instructions, slower: more dispatch and long-scoreboard stalls).
+// None is kept: what separates these kernels from cuBLAS's is how the same instructions are scheduled and their
+// registers allocated (FFMA operand collection): ptxas decides that, not the CUDA source.
 // Timings of every rung against cuBLAS, and the goals' margins: results/<device>/results.csv and notebook 02.
 //
 // Units (each its own build, so an edit rebuilds one; see lab/build.py): this header holds what they all share (fp32
