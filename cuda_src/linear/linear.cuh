@@ -61,10 +61,11 @@
 // results/<device>/profiles/linear_sgemm_4096_ncu_*.csv and notebook 02): v9 issues about as many instructions as
 // cuBLAS's FFMA kernel (which also runs 128x128 tiles of 4 warps, 2 blocks an SM), with a similar FFMA share, but at a
 // lower issue rate per scheduler (0.72 against 0.90 on the H100). Source-level sampling (..._ncu_source_*.csv;
-// `.ci/sgemm_stalls.py summarize` prints it by opcode) puts v9's extra stalls on one LEA waiting on the long
-// scoreboard (a stage's shared address, written into a register the tile's cp.async had just read), on dispatch stalls
-// of the FFMAs themselves (about twice cuBLAS's share), and on fixed-latency waits at LDGSTS, BRA and IADD3; v8, with
-// 4 warps per scheduler, loses most at its barrier and in dispatch.
+// `.ci/sgemm_stalls.py summarize` prints it by opcode) puts v9's extra stalls on two LEAs waiting on the long
+// scoreboard right after a tile's cp.async copies are issued (one computes a stage's shared address; by the SASS, a
+// wait to overwrite registers the copies in flight still read), on dispatch stalls of the FFMAs themselves (about
+// twice cuBLAS's share), and on fixed-latency waits at LDGSTS, BRA and IADD3; v8, with 4 warps per scheduler, loses
+// most at its barrier and in dispatch.
 // Three more designs were built and timed against v8/v9 on the H100 for issue 14's 90% goal (branch
 // next/sgemm-designs, whose v13.cu header holds the table and the stalls): fragments double-buffered in registers
 // across the tile boundary (A: the shared-load waits became dispatch and fixed-latency waits, 3% slower than v9);
