@@ -264,3 +264,26 @@ def test_cli_profile_ours_and_version_together_is_a_clear_error(tmp_path):
                         "v1", "--device", "cpu"], cwd=env.ROOT, env=e, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0
     assert "--ours and --version both name the versions; give one of them" in r.stderr
+
+
+def test_sgemm_source_summary_reads_the_h100_recordings(capsys):
+    # results/<device>/profiles/linear_sgemm_4096_ncu_source_*.csv ARE recordings (ncu SourceCounters on the H100,
+    # linear v9 and cuBLAS at 4096^3); `.ci/sgemm_stalls.py summarize` shares the samples of each stall reason by
+    # opcode. Checked against a sum written here over the same rows: v9's long-scoreboard share and its top opcode.
+    import csv
+    import importlib.util
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("sgemm_stalls", root / ".ci" / "sgemm_stalls.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)                                  # defines summarize; runs nothing on import
+    path = root / "results" / "nvidia-h100-80gb-hbm3" / "profiles" / "linear_sgemm_4096_ncu_source_v9.csv"
+    rows = list(csv.DictReader(path.read_text().splitlines()[1:]))
+    reasons = [c for c in rows[0] if c.startswith("stall_")]
+    total = sum(float(r[c] or 0) for r in rows for c in reasons)
+    lsb = sum(float(r["stall_long_sb"] or 0) for r in rows)
+    lea = sum(float(r["stall_long_sb"] or 0) for r in rows if r["Source"].split()[:1] == ["LEA"])
+    mod.summarize([str(path)])
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("long_sb"))
+    share, top = line.split()[1], [w.rstrip(",") for w in line.split()[2:4]]    # "long_sb  0.056   LEA 0.056, ..."
+    assert float(share) == pytest.approx(lsb / total, abs=5e-4)
+    assert top == ["LEA", f"{lea / total:.3f}"] and lea > 0.9 * lsb    # the LEAs after the copies hold nearly all
