@@ -67,11 +67,11 @@
 //  5. at c = 32 an 8 × 4 tile a thread (32 path-cycles per 128 FMAs: balanced on paper), each step's k split between
 //     two warps: step 2's halves leave as two dW_1 partials, steps 1 and 3 add theirs through a 16 KB scratch after a
 //     named barrier (branch next/v6b-8x4; 117 registers). Timed A/B against design 3 on one H100, alternating, two
-//     rounds: the fused kernel 22.4 / 83-84 us at batch 32 / 128 (design 3: 22.9-23.1 / 86.8-87.0), but the reduce,
-//     now summing 2B dW_1 partials, 25.3 us at batch 128 against 22.6, and the step 44.3-44.6 / 153.0-154.1 against
-//     44.7 / 154.6: within 1%. At 64 × 96 batch 128 and 32 × 160 batch 128 the fused kernel is slower (27.7-28.0
-//     against 25.2-25.7; 28.5-28.8 against 24.2-24.5), and racecheck found a write-after-read hazard on the scratch
-//     between two rounds of step 1 (a second barrier a round would close it, at a cost). Not kept.
+//     rounds: the fused kernel 22.3-22.4 / 83.0-84.3 us at batch 32 / 128 (design 3: 22.9-23.1 / 86.8-87.0), but the
+//     reduce, now summing 2B dW_1 partials, 25.3 us at batch 128 against 22.6-22.7, and the step 44.3-44.6 /
+//     153.0-154.1 against 44.7 / 154.6: within 1%. At 64 × 96 batch 128 and 32 × 160 batch 128 the fused kernel is
+//     slower (27.7-28.0 against 25.2-25.7; 28.5-28.8 against 24.2-24.5), and racecheck reported 32 hazards at its
+//     store of T in steps 1 and 3 (line 346 on the branch; not investigated further). Not kept.
 // lab:variants dtype=f32
 #include "kron.cuh"
 
