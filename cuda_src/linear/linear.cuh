@@ -70,7 +70,8 @@
 // next/sgemm-designs, whose v13.cu header holds the table and the stalls): fragments double-buffered in registers
 // across the tile boundary (A: the shared-load waits became dispatch and fixed-latency waits, 3% slower than v9);
 // v9's and v8's kernels at BK 16 in 3 stages (B: the fewest instructions of all, fewer than cuBLAS's, at v9's issue
-// rate; 1-4% faster than v8/v9 at 2048^3 and 4096^3, slower at 1024^3, 82% of cuBLAS at best); and k-major tiles
+// rate; at 2048^3 and 4096^3 v9's 2-4% faster than v9 and v8's 0-2% faster than v8, v9's slower at 1024^3; 82% of
+// cuBLAS at best); k-major tiles
 // filled by 16-byte copies (C: a quarter of the copy instructions, slower: more dispatch and long-scoreboard stalls).
 // None is kept: what separates these kernels from cuBLAS's is how the same instructions are scheduled and their
 // registers allocated (FFMA operand collection): ptxas decides that, not the CUDA source.
