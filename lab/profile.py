@@ -336,6 +336,14 @@ STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "gmma
                  "long_scoreboard", "math_pipe_throttle", "membar", "mio_throttle", "misc", "no_instruction",
                  "not_selected", "short_scoreboard", "sleeping", "tex_throttle", "wait")
 STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+# instructions issued per active cycle of a warp scheduler (at most 1: a Hopper SM has four, each issuing one a cycle)
+ISSUE_METRIC = "smsp__inst_issued.avg.per_cycle_active"
+# FP32 arithmetic as executed (threads with the predicate on, summed over the kernel): an FFMA counts two FLOPs. The
+# achieved FP32 rate is these over the kernel's duration: counted, not the formula's FLOPs (tensor-core work is not
+# in it; tensor_pct is)
+FP32_OPS = (("smsp__sass_thread_inst_executed_op_ffma_pred_on.sum", 2),
+            ("smsp__sass_thread_inst_executed_op_fadd_pred_on.sum", 1),
+            ("smsp__sass_thread_inst_executed_op_fmul_pred_on.sum", 1))
 NCU_METRICS = (
     "gpu__time_duration.sum",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -344,6 +352,7 @@ NCU_METRICS = (
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     *TENSOR_METRICS,
     "sm__warps_active.avg.pct_of_peak_sustained_active",
+    ISSUE_METRIC, *(name for name, _ in FP32_OPS),
     "launch__registers_per_thread",
     "launch__shared_mem_per_block_static", "launch__shared_mem_per_block_dynamic",
     *(STALL_METRIC.format(r) for r in STALL_REASONS),
@@ -356,9 +365,11 @@ NCU_COLUMNS = ["family", "op", "version", "role", "shape", "dtype", "precision",
                "launch", "kernel", "category", "grid", "block", "duration_us", "dram_gbps", "dram_pct", "l2_gbps",
                "sm_pct", "tensor_pct", "tensor_metric", "occupancy_pct", "regs", "smem_static", "smem_dynamic",
                "stall1", "stall1_ratio", "stall2", "stall2_ratio", "stall3", "stall3_ratio",
-               "ncu", "torch", "cuda", "commit", "timestamp", "run_id", "note"]
+               "ncu", "torch", "cuda", "commit", "timestamp", "run_id", "note",
+               "issue_ipc", "fp32_tflops"]   # (added after the others: an older table's header is a prefix of this)
 NCU_NUMERIC = {"launch", "duration_us", "dram_gbps", "dram_pct", "l2_gbps", "sm_pct", "tensor_pct", "occupancy_pct",
-               "regs", "smem_static", "smem_dynamic", "stall1_ratio", "stall2_ratio", "stall3_ratio"}
+               "regs", "smem_static", "smem_dynamic", "stall1_ratio", "stall2_ratio", "stall3_ratio", "issue_ipc",
+               "fp32_tflops"}
 
 
 def ncu_path() -> str | None:
@@ -493,7 +504,8 @@ def _dim(s: str | None) -> str | None:
 def ncu_row(launch: dict) -> dict:
     """One ncu.csv row's measured columns from a parsed launch: duration, DRAM and L2 bandwidth (bytes moved over the
     duration), SM and tensor-pipe throughput (% of peak), achieved occupancy (active warps, % of the SM's maximum),
-    registers per thread, shared memory per block, and the three largest warp-stall reasons."""
+    registers per thread, shared memory per block, the three largest warp-stall reasons, instructions issued per
+    scheduler cycle, and the FP32 FLOP/s the kernel executed (2 per FFMA, 1 per FADD or FMUL)."""
     m = launch["metrics"]
     sec = m.get("gpu__time_duration.sum")
     dram = [m.get("dram__bytes_read.sum"), m.get("dram__bytes_write.sum")]
@@ -512,7 +524,11 @@ def ncu_row(launch: dict) -> dict:
            "occupancy_pct": m.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
            "regs": m.get("launch__registers_per_thread"),
            "smem_static": m.get("launch__shared_mem_per_block_static"),
-           "smem_dynamic": m.get("launch__shared_mem_per_block_dynamic")}
+           "smem_dynamic": m.get("launch__shared_mem_per_block_dynamic"),
+           "issue_ipc": m.get(ISSUE_METRIC)}
+    ops = [(w, m.get(name)) for name, w in FP32_OPS]
+    row["fp32_tflops"] = (sum(w * n for w, n in ops if n is not None) / sec / 1e12
+                          if sec and any(n is not None for _, n in ops) else None)
     for i in range(3):
         row[f"stall{i + 1}"], row[f"stall{i + 1}_ratio"] = stalls[i] if i < len(stalls) else (None, None)
     return row
@@ -644,7 +660,8 @@ def ncu_table(rows: list[dict]) -> str:
     def f(v, spec=".1f"):
         return "-" if v is None else format(v, spec)
     head = (f"{'version':<10} {'kernel':<32} {'cat':<11} {'us':>8} {'DRAM GB/s':>9} {'L2 GB/s':>9} {'SM%':>5} "
-            f"{'TC%':>5} {'occ%':>5} {'regs':>4} {'smem':>6}  top stalls (warps per issue cycle)")
+            f"{'TC%':>5} {'occ%':>5} {'IPC':>4} {'FP32 TF/s':>9} {'regs':>4} {'smem':>6}  "
+            f"top stalls (warps per issue cycle)")
     lines = [head]
     for r in rows:
         stalls = stall_text(r)
@@ -652,7 +669,8 @@ def ncu_table(rows: list[dict]) -> str:
         lines.append(f"{r.get('version') or '':<10} {short_kernel_name(r['kernel'] or '?', 32):<32} "
                      f"{r.get('category') or '':<11} {f(r['duration_us'], '.2f'):>8} {f(r['dram_gbps'], '.0f'):>9} "
                      f"{f(r['l2_gbps'], '.0f'):>9} {f(r['sm_pct']):>5} {f(r['tensor_pct']):>5} "
-                     f"{f(r['occupancy_pct']):>5} {f(r['regs'], '.0f'):>4} {smem:>6.0f}  {stalls}")
+                     f"{f(r['occupancy_pct']):>5} {f(r.get('issue_ipc'), '.2f'):>4} "
+                     f"{f(r.get('fp32_tflops'), '.2f'):>9} {f(r['regs'], '.0f'):>4} {smem:>6.0f}  {stalls}")
     return "\n".join(lines)
 
 

@@ -56,7 +56,7 @@ def test_convention_by_hand():
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("version", ["cpu", "v1", "v2", "v6"])
-@pytest.mark.parametrize("factors", ["2x3", "3x2x2", "4x1x3"])
+@pytest.mark.parametrize("factors", ["2x3", "3x2x2", "4x1x3", "2x2x2x2", "5x7"])
 def test_gradcheck(version, factors, device):
     if (version == "cpu") != (device == "cpu"):
         pytest.skip(f"{version} does not run on {device}")

@@ -43,7 +43,8 @@ def test_parse_the_long_format_fixture():
     assert m1["launch__shared_mem_per_block_dynamic"] == pytest.approx(1020)   # Kbyte/block
     assert m1["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"] is None   # n/a
     assert launches[0]["units"]["dram__bytes_read.sum"] == "byte"
-    assert len(m0) == 17 and len(m1) == 17
+    assert len(m0) == 20 and len(m1) == 17
+    assert m0["smsp__sass_thread_inst_executed_op_fmul_pred_on.sum"] == 1048576     # "inst", thousands separators
 
 
 def test_ncu_row_derives_bandwidths_and_the_top_stalls():
@@ -57,6 +58,9 @@ def test_ncu_row_derives_bandwidths_and_the_top_stalls():
     assert [(r0[f"stall{i}"], r0[f"stall{i}_ratio"]) for i in (1, 2, 3)] == [
         ("long_scoreboard", 18.42), ("lg_throttle", 2.31), ("wait", 1.07)]
     assert r1["tensor_pct"] is None and r1["tensor_metric"] is None     # n/a on every tensor metric: none recorded
+    # the square's x*x: 2^20 FMULs (one FLOP each, no FFMA) over 3.2 us; the fill launch recorded neither metric
+    assert r0["issue_ipc"] == 0.41 and r0["fp32_tflops"] == pytest.approx(1048576 / 3.2e-6 / 1e12)
+    assert r1["issue_ipc"] is None and r1["fp32_tflops"] is None
     assert [r1[f"stall{i}"] for i in (1, 2, 3)] == ["wait", "not_selected", "long_scoreboard"]
     assert profile.kernel_category(r0["kernel"], True) == "ours"        # square_v2 is defined in cuda_src/basics/
     assert profile.kernel_category(r1["kernel"], True) == "elementwise"

@@ -230,6 +230,8 @@ CHECK_SHAPES = [
     _shape(6, 20, 256, 512, 1, 1),        # the model's hidden size; v3 splits the batch over blocks
     _shape(3, 130, 31, 96, 1, 1),         # batch > 128, many batch slices
     _shape(2, 64, 8, 1024, 1, 1),         # v3's largest hidden: 32 lanes per unit, batch in shared-memory chunks
+    _shape(2, 3, 5, 1000, 1, 1),          # hidden 1000: large and a multiple of neither 32 nor 64
+    _shape(2, 256, 24, 200, 1, 0),        # batch 256: the largest bench batch, no h0
 ]
 BENCH_SHAPES = [_shape(30, b, 256, 512) for b in (1, 8, 32, 64, 128, 256)]   # the seq2seq encoder, T = 30
 CPU_BENCH_SHAPES = [_shape(30, b, 256, 512) for b in (1, 8)]

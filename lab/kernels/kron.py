@@ -551,11 +551,12 @@ F32_F64, F32_BF16, F32 = (torch.float32, torch.float64), (torch.float32, torch.b
 DT = (torch.float32, torch.float64, torch.bfloat16)  # bfloat16: v3-v5 and the torch baselines only
 DT_TRAIN = DT  # bfloat16: v3-v5 and the torch baselines
 # 1-wide and prime factors, K = 1..4, a batch that splits into many blocks, 128x128, one shape over v2's
-# shared-memory limit (it falls back to v1), and two that v6 takes besides 32x32 and 128x128 (f_1 = 96: 6 warps;
-# f_1 < f_2)
+# shared-memory limit (it falls back to v1), two that v6 takes besides 32x32 and 128x128 (f_1 = 96: 6 warps;
+# f_1 < f_2), and issue 15's shapes beyond 128x128: (2,)·8, 256x256, 64x64x64
 CHECK = [{"batch": b, "factors": f} for b, f in [
     (3, "2x3"), (1, "5x7"), (5, "1x4x5"), (4, "13x17"), (3, "32x32"), (2, "8x16x32"), (3, "128x128"),
-    (2, "2x3x2x5"), (7, "9"), (33, "12x20"), (1, "100x100x2"), (5, "96x64"), (2, "64x128")]]
+    (2, "2x3x2x5"), (7, "9"), (33, "12x20"), (1, "100x100x2"), (5, "96x64"), (2, "64x128"),
+    (2, "2x2x2x2x2x2x2x2"), (2, "256x256"), (1, "64x64x64")]]   # eight 2-wide factors; two past 128 × 128
 BATCHES = (1, 8, 32, 128, 512, 1024, 4096)
 BENCH = [{"batch": b, "factors": "128x128"} for b in BATCHES]
 BENCH_CPU = [{"batch": b, "factors": "64x64"} for b in (1, 8, 32, 128)]
