@@ -43,6 +43,15 @@
 //     block's entry: 144 KB a block, 18 MB for the grid, every block pulling the same 64 KB of W_1 (and each sample's
 //     x four times) from L2 at once (~2.8 TB/s for the grid). The next design shares them: the four slices of a
 //     sample as one thread-block cluster, x[b] and W_1 multicast to its SMs (a quarter of the L2 reads).
+//  7. That design, on branch next/v6-cluster, timed on two H200 machines (the H100's SM, clocks and chip; faster HBM;
+//     cfg 0-2 timed as on the H100). cfg 3: cfg 1's threads, a sample's S slices one thread-block cluster, every
+//     x[b] and W_1 group multicast to the cluster by bulk copies (cp.async.bulk ... multicast::cluster, each CTA
+//     issuing 1/S, an mbarrier a group); cfg 4: the same with clusters of two slices. Batch 32, c = 32: cfg 3
+//     24.8-27.8 us, cfg 4 16.8-16.9, cfg 0 15.7-16.1, cfg 1 16.3-16.4 (torch.bmm 18.7-19.1). cfg 3's clusters of
+//     four 160 KB blocks do not all fit at once (cudaOccupancyMaxActiveClusters: two waves for 32 of them); cfg 4's
+//     pairs fit in one wave and halve the grid's L2 reads of x and W_1, and bought nothing: L2 delivery is not what
+//     bounds batch 32. Batch 1 (one cluster), c = 16: cfg 3 11.3 us on one machine, 13.5 on the other (cfg 2 12.1-12.2
+//     on both). Clean under memcheck, racecheck and synccheck. Not merged.
 // Above batch 64 v1 (one kernel per factor, 8 × 8 tiles) is ahead: v6's one block an SM (160 KB) leaves each
 // block's load latency and its steps' FMA-rate shortfall unhidden. The launch itself: an empty kernel replayed from
 // a graph takes ~3 us of the batch-1 call's 12.
