@@ -560,7 +560,8 @@ CHECK = [{"batch": b, "factors": f} for b, f in [
 BATCHES = (1, 8, 32, 128, 512, 1024, 4096)
 BENCH = [{"batch": b, "factors": "128x128"} for b in BATCHES]
 BENCH_CPU = [{"batch": b, "factors": "64x64"} for b in (1, 8, 32, 128)]
-FACTORIZATIONS = ["32x32", "8x16x32", "64x64", "128x128", "256x256", "16x16x16x16", "64x64x64"]
+FACTORIZATIONS = ["32x32", "8x16x32", "64x64", "128x128", "256x256", "16x16x16x16", "64x64x64",
+                  "2x2x2x2x2x2x2x2"]
 FORMULA = "FLOP = 2·B·N·Σf_k; bytes = (2·B·N + Σf_k²)·sizeof(dtype) (read x and the factors, write y)"
 FORMULA_TRAIN = ("FLOP = 6·B·N·Σf_k (forward + dx + dW); bytes = (4·B·N + 2·Σf_k²)·sizeof(dtype) "
                  "(read x, dy, factors; write y, dx, dW)")
