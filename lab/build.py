@@ -389,7 +389,7 @@ class _Loaded:
     module: types.ModuleType
     libs: dict                     # target key -> (Target, ctypes.CDLL)
     owners: dict                   # launcher name -> the unit (display name) that exports it
-    files: list[Path]
+    files: list[str]               # the paths load() stats, as strings (see _signature)
     sig: tuple
     checked: float
     frozen_epoch: int = -1         # the frozen() block in which its files were last checked (-1: none)
@@ -417,11 +417,13 @@ timing.TIMED_CONTEXTS.append(frozen)   # every lab.timing measurement runs froze
 _libs_alive: list = []             # every unit library ever loaded: never unloaded (a graph may still hold a kernel)
 
 
-def _signature(files: list[Path]) -> tuple:
+def _signature(files: list) -> tuple:
+    # load()'s per-call check (every kernel call outside a frozen() block): os.stat on the paths as strings, ~40% less
+    # than Path.stat (17 files of kron's CPU build: 31 us against 52 on the CI machine)
     out = []
     for p in files:
         try:
-            st = p.stat()
+            st = os.stat(p)
             out.append((st.st_mtime_ns, st.st_size))
         except OSError:
             out.append(None)
@@ -468,7 +470,8 @@ def load(family: str, flavor: str | None = None, *, verbose: bool = True, force:
             return hit.module
     with _lock:
         s = spec(family, flavor, only)
-        files = s.files + [env.CPP_SRC / family, env.CUDA_SRC / family] if is_folder_family(family) else s.files
+        files = [str(p) for p in (s.files + [env.CPP_SRC / family, env.CUDA_SRC / family] if is_folder_family(family)
+                                  else s.files)]
         hit = _loaded.get(k)
         if hit and hit.spec.key == s.key and not force:
             hit.files, hit.sig, hit.checked, hit.frozen_epoch = files, _signature(files), time.monotonic(), epoch
