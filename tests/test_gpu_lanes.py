@@ -1,5 +1,5 @@
 """.ci/gpu-lanes: one lane of .ci/gpu runs per GPU. Its control logic, run here with a stand-in nvidia-smi (two GPUs)
-and steps that record nothing; the real lanes ran on a machine of four H100s (README, "What has run on the H100")."""
+and steps that record nothing; the real lanes ran on a machine of four H100s (README, "What has run on the lent GPU")."""
 import os
 import subprocess
 import tarfile
