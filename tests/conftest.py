@@ -1,4 +1,4 @@
-"""Shared fixtures. CUDA tests skip, with the reason, where no GPU is visible; they run on the H100."""
+"""Shared fixtures. CUDA tests skip, with the reason, where no GPU is visible; they run on the lent GPU."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 HAS_GPU = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="no GPU visible (torch.cuda.is_available() is False); "
-                                                  "these run on the H100")
+                                                  "these run on the lent GPU (.ci/gpu)")
 
 
 def devices():
