@@ -25,7 +25,16 @@ def pytest_configure(config):
     # repository's results/ (its subprocesses inherit it too).
     if "LAB_RESULTS_DIR" not in os.environ:
         import tempfile
-        os.environ["LAB_RESULTS_DIR"] = tempfile.mkdtemp(prefix="lab-test-results-")
+        os.environ["LAB_RESULTS_DIR"] = _SCRATCH["results"] = tempfile.mkdtemp(prefix="lab-test-results-")
+
+
+_SCRATCH: dict = {}   # what pytest_configure made, removed when the session ends
+
+
+def pytest_unconfigure(config):
+    import shutil
+    if "results" in _SCRATCH:
+        shutil.rmtree(_SCRATCH.pop("results"), ignore_errors=True)
 
 
 FAULTY = __import__("pathlib").Path(__file__).resolve().parent / "faulty"
