@@ -382,3 +382,20 @@ def test_gpu_fused_step_poisons_a_row_with_a_bad_token():
         ref_logits, ref_h = lab.decoder_step(tokens.clamp(min=0), hidden, context, fused=True)
     assert torch.isnan(logits[2]).all() and torch.isnan(h[0, 2]).all()
     assert torch.equal(logits[:2], ref_logits[:2]) and torch.equal(h[0, :2], ref_h[0, :2])
+
+
+def test_the_ncu_children_refuse_a_bad_command_line():
+    # python -m lab.studies.seq2seq ncu-child|ncu-step-child BATCH: what lab.profile.ncu runs under Nsight Compute
+    import subprocess
+    import sys
+    for argv in ([], ["ncu-step-child"], ["ncu-step-child", "x"], ["ncu-steps-child", "8"]):
+        p = subprocess.run([sys.executable, "-m", "lab.studies.seq2seq", *argv], capture_output=True, text=True)
+        assert p.returncode == 1 and "usage: python -m lab.studies.seq2seq ncu-child|ncu-step-child BATCH" in p.stderr
+
+
+def test_ncu_step_says_why_where_ncu_cannot_run(monkeypatch, capsys):
+    from lab import profile
+    from lab.studies import seq2seq as study
+    monkeypatch.setattr(profile, "ncu_unavailable", lambda: "no GPU here (test)")
+    assert study.ncu_step(128) == []
+    assert "[lab] ncu: no GPU here (test)" in capsys.readouterr().out

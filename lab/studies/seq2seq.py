@@ -173,6 +173,34 @@ def plot_breakdown(breakdown: dict[str, dict], title: str = "", top: int = 8, na
 # =================================================================================================================
 # Nsight Compute on the one-launch greedy decoder (notebooks/04_seq2seq.ipynb, section 7)
 # =================================================================================================================
+def _ncu_step_child(batch: int) -> None:
+    """What ncu profiles for the step-by-step decoder: one step (LabSeq2Seq.step: token pick and gathers, h W_hhᵀ, the
+    gates, fc_out) once to warm up, then once between cudaProfilerStart and Stop."""
+    cfg = Config()
+    model = build_model(cfg, "cuda")
+    lab = LabSeq2Seq.from_model(model)
+    g = torch.Generator().manual_seed(batch)
+    tokens = torch.randint(0, cfg.tgt_vocab, (batch,), generator=g).to("cuda")              # (B,)
+    context = (torch.randn(batch, cfg.hidden, generator=g) * 0.5).to("cuda")                 # (B, H)
+    with torch.no_grad(), kgru.precision(tf32=False):
+        st = lab.start(context)
+        lab.step(st, tokens=tokens)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        lab.step(st, tokens=tokens)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+
+def ncu_step(batch: int, device="cuda", record: bool = True) -> list[dict]:
+    """ncu rows of one step of the step-by-step decoder at `batch` (its four launches); appended to
+    results/<device>/ncu.csv with record. [] where ncu or a GPU is missing (lab.profile.ncu says why)."""
+    key = {"family": kgru.FAMILY, "op": "decoder_step", "version": "lab", "shape": f"batch={batch}",
+           "dtype": "float32", "precision": "float32"}
+    return profile.ncu([sys.executable, "-m", "lab.studies.seq2seq", "ncu-step-child", str(batch)], key=key,
+                       device=device, record_rows=record, name=f"gru_decoder_step_b{batch}")
+
+
 def _ncu_child(batch: int) -> None:
     """What ncu profiles: the decoder's launch once to warm up, then once between cudaProfilerStart and Stop."""
     cfg = Config()
@@ -204,7 +232,8 @@ def ncu_greedy(batch: int, device="cuda", record: bool = True) -> list[dict]:
 registry.attach_extras(kgru.FAMILY, {"decoder_step": bench_decoder_step, "greedy_decode": bench_greedy_decode})
 
 
-if __name__ == "__main__":   # python -m lab.studies.seq2seq ncu-child BATCH (ncu_greedy's child process)
-    if len(sys.argv) != 3 or sys.argv[1] != "ncu-child":
-        sys.exit("usage: python -m lab.studies.seq2seq ncu-child BATCH")
-    _ncu_child(int(sys.argv[2]))
+if __name__ == "__main__":   # python -m lab.studies.seq2seq ncu-child|ncu-step-child BATCH (the ncu children)
+    children = {"ncu-child": _ncu_child, "ncu-step-child": _ncu_step_child}
+    if len(sys.argv) != 3 or sys.argv[1] not in children or not sys.argv[2].isdigit():
+        sys.exit("usage: python -m lab.studies.seq2seq ncu-child|ncu-step-child BATCH")
+    children[sys.argv[1]](int(sys.argv[2]))
