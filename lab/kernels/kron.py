@@ -586,7 +586,7 @@ def _versions(train: bool, full: bool = True) -> list[Version]:
             vs.append(Version(name, _fwd_kernel(name), dev, IDEAS[name], graph=name in ("v1", "v2", "v6"),
                               dtypes=F32_F64))
     for name in TORCH_VERSIONS:
-        if name == "torch.kron" and (train or not full):
+        if name == "torch.kron" and not full:   # (training too: the full-matrix layer a user could write, N×N grads)
             continue
         fn = _train(name) if train else _fwd_torch(name)
         # torch.kron is checked by the tests on small N only (its N×N matrix is 4·N² bytes)
