@@ -75,6 +75,9 @@
 #include <cuda_bf16.h>
 
 #include <climits>
+#include <map>
+#include <mutex>
+#include <vector>
 
 namespace kron {
 namespace tma {
@@ -526,10 +529,8 @@ bool supported(long B, const int* f, int K) {
   const int f1 = f[0], f2 = f[1];
   if (f1 % 64 || f2 % 64 || f1 > kMaxF || f2 > kMaxF) return false;
   if (B * f2 > INT_MAX) return false;  // TMA row coordinates are 32-bit
-  int dev = 0, major = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  return major == 9;  // wgmma and these TMA forms: Hopper (the module is built for sm_90a)
+  // wgmma and these TMA forms: Hopper (the module is built for sm_90a)
+  return lab::device_attr<cudaDevAttrComputeCapabilityMajor>(0) == 9;
 }
 
 // Shared memory: the ring's slots (kc rows of x[b] each), W_2's slice, W_1, one T/Y buffer (two for ping-pong), the
@@ -573,7 +574,7 @@ template <int NC, bool W1R> void optin() {
 // the H100 (bf16, 128 × 128, graph): batch 1024 split 31.2 us, ping-pong 30.5 us (28.7 us with one ring shared by
 // the consumers, which raced: see the kernel); batch 32 (one sample a block) 7.7 us either way, c = 64 ahead of
 // c = 128 (8.2 us).
-Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
+Plan search(long B, const int* f, int K, int force_cfg, int force_c) {
   Plan best;
   if (!supported(B, f, K)) return best;
   const int f1 = f[0], f2 = f[1], sms = device_facts().sms;
@@ -602,6 +603,29 @@ Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
       if (!best.ok || p.cost < best.cost * 0.999) best = p;
     }
   }
+  return best;
+}
+
+// The plan, cached per (device, B, factors, forced cfg and c) as v3's and v6's are. An eager call plans twice (the
+// binding's fits check, then the launch), and a search walks up to 42 layouts, each reading the device's limits
+// through lab::device_attr (a cudaGetDevice each). Uncached, the H200 measured v5's eager call at 25 us of host time
+// against v3's 16 in a plain process (.ci/kron_host_probe.py at 1b26dd3), and ~50 against 16 in notebook 05's tuning
+// table, while its kernel takes 7.4 us at batch 32 and 24.6 us at batch 1024.
+Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
+  static std::mutex mu;
+  static std::map<std::vector<long>, Plan> cache;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  std::vector<long> key = {dev, B, K, force_cfg, force_c};
+  for (int k = 0; k < K; ++k) key.push_back(f[k]);
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  const Plan best = search(B, f, K, force_cfg, force_c);
+  std::lock_guard<std::mutex> g(mu);
+  cache[key] = best;
   return best;
 }
 
