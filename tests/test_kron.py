@@ -790,6 +790,20 @@ def test_tune_default_records_the_fastest_and_the_default_follows(tmp_path, monk
         verify.assert_close(K.forward(x, ws), ref, dtype, what=f"default ({chosen})")  # in the dtype's precision
 
 
+@needs_gpu
+@pytest.mark.parametrize("version,dtype", [("v2", torch.float32), ("v5", torch.float32), ("v5", torch.bfloat16)])
+def test_tune_rows_share_one_schema_and_mark_the_automatic_choice(version, dtype):
+    # every row of K.tune carries the same fields (a script reading r["stages"] of the automatic row once failed), and
+    # the configurations it sweeps include the automatic choice: exactly one swept row is marked as it
+    rows = K.tune(8, "128x128", dtype, budget_ms=2.0, version=version)
+    assert len(rows) >= 2 and len({frozenset(r) for r in rows}) == 1, [sorted(r) for r in rows]
+    auto = K.plan(8, "128x128", dtype, "cuda", version=version)
+    assert auto["fits"] and rows[-1]["version"] == f"{version} (auto)"
+    marked = [r for r in rows[:-1] if r["auto"]]
+    assert [(r["version"], r["cfg"], r["c"]) for r in marked] == [(version, auto["cfg"], auto["c"])], rows
+    assert all(r["median_us"] > 0 for r in rows)
+
+
 # ---- the command line ------------------------------------------------------------------------------------------------
 def test_command_line_check_agrees(capsys):
     from lab import kron as cli

@@ -448,9 +448,10 @@ def tune(batch: int, sizes: Sequence[int] | str, dtype: torch.dtype = torch.floa
     if version == "v2":
         for cfg in range(3):
             rows.append({"version": "v1", "cfg": cfg, "c": None, "slices": None, "blocks_per_sm": None,
-                         "smem_bytes": None, "median_us": timed("v1", cfg, 0), "auto": False})
+                         "smem_bytes": None, "stages": None, "median_us": timed("v1", cfg, 0),
+                         "auto": False})
     rows.append({"version": f"{version} (auto)", "cfg": auto["cfg"], "c": auto["c"], "slices": auto["slices"],
-                 "blocks_per_sm": auto["blocks_per_sm"], "smem_bytes": auto["smem_bytes"],
+                 "blocks_per_sm": auto["blocks_per_sm"], "smem_bytes": auto["smem_bytes"], "stages": auto["stages"],
                  "median_us": timed(version, -1, 0), "auto": True})
     return rows
 
