@@ -93,6 +93,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 namespace kron {
 
@@ -348,6 +352,35 @@ struct DeviceFacts { int sms, smem_optin; };
 inline DeviceFacts device_facts() { return {lab::sm_count(), lab::smem_optin()}; }  // both cached (lab_cuda.cuh)
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// A version's plan is a pure function of the device and the call's numbers (shape, forced configuration), and its
+// search asks the device's limits and occupancy and walks many layouts: host time an eager call would pay twice (the
+// binding's fits check, then the launch). v5 planned afresh each call: 25 us of host time against v3's 16 (H200,
+// bf16, .ci/kron_host_probe.py), 9.8 with this cache. Each version's plan() keeps one PlanCache in a function-local
+// static: in a plain function that static is private to the unit's library; in an inline or template function it
+// would be merged across every unit loaded in the process (STB_GNU_UNIQUE, lab_common.h), so there the key must
+// name all that differs between units (v2_plan.cu keys on the element size and its kernels' addresses).
+template <class Plan> class PlanCache {
+ public:
+  // key: the call's numbers (the current device is prepended here); search: run once per new key
+  template <class Search> Plan get(std::vector<long> key, Search&& search) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    key.insert(key.begin(), long(dev));
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = map_.find(key);
+      if (it != map_.end()) return it->second;
+    }
+    const Plan p = search();
+    std::lock_guard<std::mutex> g(mu_);
+    return map_.emplace(std::move(key), p).first->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::vector<long>, Plan> map_;
+};
 
 // The grid of a per-factor step kernel, F-step (v1.cu) or R-step (backward.cu): B·(N/f) output rows of f columns,
 // one block per bp × bq tile of configuration C's layout. Both launchers size their grid here, so the two grids and

@@ -6,8 +6,6 @@
 #include "kron.cuh"
 #include "plan_info.h"
 
-#include <map>
-#include <mutex>
 #include <vector>
 
 namespace kron {
@@ -77,20 +75,8 @@ template <class T> double fused_cost(FusedPlan& p, long B, long N, const int* f,
 
 // kern: the three configurations' kernels (v2.cu). Their addresses are part of the cache key: a rebuilt v2.cu is
 // loaded at new addresses (and may use other registers, so other occupancy), and is planned afresh.
-template <class T> FusedPlan plan_fused(long B, long N, const int* f, int K, int force_cfg, int force_c,
-                                        const FusedKernels<T>& kern) {
-  static std::mutex mu;
-  static std::map<std::vector<long>, FusedPlan> cache;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  std::vector<long> key = {dev, long(sizeof(T)), B, N, K, force_cfg, force_c};
-  for (int k = 0; k < K; ++k) key.push_back(f[k]);
-  for (int cfg = 0; cfg < kConfigs; ++cfg) key.push_back(long(reinterpret_cast<uintptr_t>(kern.occupancy[cfg])));
-  {
-    std::lock_guard<std::mutex> g(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
+template <class T> FusedPlan search_fused(long B, long N, const int* f, int K, int force_cfg, int force_c,
+                                          const FusedKernels<T>& kern) {
   FusedPlan best;
   if (K >= 2) {
     const int fK = f[K - 1];
@@ -117,9 +103,15 @@ template <class T> FusedPlan plan_fused(long B, long N, const int* f, int K, int
       }
     }
   }
-  std::lock_guard<std::mutex> g(mu);
-  cache[key] = best;
   return best;
+}
+template <class T> FusedPlan plan_fused(long B, long N, const int* f, int K, int force_cfg, int force_c,
+                                        const FusedKernels<T>& kern) {
+  static PlanCache<FusedPlan> cache;  // in a template: the key names the element size and the kernels (PlanCache)
+  std::vector<long> key = {long(sizeof(T)), B, N, K, force_cfg, force_c};
+  key.insert(key.end(), f, f + K);
+  for (int cfg = 0; cfg < kConfigs; ++cfg) key.push_back(long(reinterpret_cast<uintptr_t>(kern.occupancy[cfg])));
+  return cache.get(std::move(key), [&] { return search_fused<T>(B, N, f, K, force_cfg, force_c, kern); });
 }
 
 template <class T>

@@ -35,8 +35,6 @@
 
 #include <cuda_bf16.h>
 
-#include <map>
-#include <mutex>
 #include <vector>
 
 namespace kron {
@@ -360,18 +358,7 @@ double cost(const Plan& p, long B, long N, const int* f, int K) {
   return std::max(std::max(t_mma, t_l2), t_hbm);
 }
 
-Plan plan(long B, long N, const int* f, int K, int force_c) {
-  static std::mutex mu;
-  static std::map<std::vector<long>, Plan> cache;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  std::vector<long> key = {dev, B, N, K, force_c};
-  for (int k = 0; k < K; ++k) key.push_back(f[k]);
-  {
-    std::lock_guard<std::mutex> g(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
+Plan search(long B, long N, const int* f, int K, int force_c) {
   Plan best;
   const int fK = f[K - 1];
   std::vector<int> cs;
@@ -402,9 +389,14 @@ Plan plan(long B, long N, const int* f, int K, int force_c) {
     pc.cost = cost(pc, B, N, f, K);
     if (!best.ok || pc.cost < best.cost * 0.999) best = pc;
   }
-  std::lock_guard<std::mutex> g(mu);
-  cache[key] = best;
   return best;
+}
+// cached per (device, B, N, factors, forced c): kron.cuh's PlanCache
+Plan plan(long B, long N, const int* f, int K, int force_c) {
+  static PlanCache<Plan> cache;
+  std::vector<long> key = {B, N, K, force_c};
+  key.insert(key.end(), f, f + K);
+  return cache.get(std::move(key), [&] { return search(B, N, f, K, force_c); });
 }
 
 // What this configuration would launch, as the kPlanFields numbers (plan_info.h); the binding compares the costs of

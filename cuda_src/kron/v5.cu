@@ -75,9 +75,6 @@
 #include <cuda_bf16.h>
 
 #include <climits>
-#include <map>
-#include <mutex>
-#include <vector>
 
 namespace kron {
 namespace tma {
@@ -606,27 +603,12 @@ Plan search(long B, const int* f, int K, int force_cfg, int force_c) {
   return best;
 }
 
-// The plan, cached per (device, B, factors, forced cfg and c) as v3's and v6's are. An eager call plans twice (the
-// binding's fits check, then the launch), and a search walks up to 42 layouts, each reading the device's limits
-// through lab::device_attr (a cudaGetDevice each). Uncached, the H200 measured v5's eager call at 25 us of host time
-// against v3's 16 in a plain process (.ci/kron_host_probe.py at 1b26dd3), and ~50 against 16 in notebook 05's tuning
-// table, while its kernel takes 7.4 us at batch 32 and 24.6 us at batch 1024.
+// The plan, cached per (device, B, factors, forced cfg and c): kron.cuh's PlanCache says why.
 Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
-  static std::mutex mu;
-  static std::map<std::vector<long>, Plan> cache;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  std::vector<long> key = {dev, B, K, force_cfg, force_c};
-  for (int k = 0; k < K; ++k) key.push_back(f[k]);
-  {
-    std::lock_guard<std::mutex> g(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  const Plan best = search(B, f, K, force_cfg, force_c);
-  std::lock_guard<std::mutex> g(mu);
-  cache[key] = best;
-  return best;
+  static PlanCache<Plan> cache;
+  std::vector<long> key = {B, K, force_cfg, force_c};
+  key.insert(key.end(), f, f + K);
+  return cache.get(std::move(key), [&] { return search(B, f, K, force_cfg, force_c); });
 }
 
 void plan_info(int64_t B, int64_t N, const int* f, int K, int cfg, int cols, int64_t* info) {

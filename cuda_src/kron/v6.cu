@@ -59,8 +59,6 @@
 #include "kron.cuh"
 #include "plan_info.h"
 
-#include <map>
-#include <mutex>
 #include <vector>
 
 namespace kron {
@@ -315,21 +313,8 @@ void optin() {
 // 2), at I issue slots a k (TM·4 FMAs, TM/4 + 1 shared loads, ~3 more) times the warps a scheduler takes in turn,
 // or I plus ~10 cycles of exposed latency where a scheduler has one warp; against the SM's share of L2 reads at
 // ~24 B a cycle. Ties go to the wider slice (fewer re-reads of x[b] and W_1).
-Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
+Plan search(long B, int f1, int f2, int force_cfg, int force_c) {
   Plan best;
-  if (K != 2 || B <= 0) return best;
-  const int f1 = f[0], f2 = f[1];
-  if (f1 % 4 || f2 % 4) return best;
-  static std::mutex mu;
-  static std::map<std::vector<long>, Plan> cache;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  const std::vector<long> key = {dev, B, f1, f2, force_cfg, force_c};
-  {
-    std::lock_guard<std::mutex> g(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
   const DeviceFacts d = device_facts();
   optin();
   for (int cfg = 0; cfg < kConfigs; ++cfg) {
@@ -367,9 +352,15 @@ Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
       if (!best.ok || p.cost < best.cost * 0.999) best = p;
     }
   }
-  std::lock_guard<std::mutex> g(mu);
-  cache[key] = best;
   return best;
+}
+// cached per (device, B, f_1, f_2, forced cfg and c): kron.cuh's PlanCache
+Plan plan(long B, const int* f, int K, int force_cfg, int force_c) {
+  if (K != 2 || B <= 0) return Plan{};
+  const int f1 = f[0], f2 = f[1];
+  if (f1 % 4 || f2 % 4) return Plan{};
+  static PlanCache<Plan> cache;
+  return cache.get({B, f1, f2, force_cfg, force_c}, [&] { return search(B, f1, f2, force_cfg, force_c); });
 }
 
 // The kPlanFields numbers (plan_info.h) of what forward would launch; fits = 0 where v6 does not apply.
