@@ -331,10 +331,8 @@ Plan layout(int f1, int f2, int c) {
 
 // Estimated clock cycles of the busiest block: its (sample, slice) items × (mma at ~half of wgmma's dense rate + the
 // sample's x at an SM's share of HBM, ~14 B/clk), plus the factors staged once.
-Plan plan(long B, const int* f, int K, int force_c) {
+Plan search(long B, int f1, int f2, int force_c) {
   Plan best;
-  if (!supported(f, K) || B <= 0) return best;
-  const int f1 = f[0], f2 = f[1];
   const int sms = device_facts().sms;
   optin();
   for (int c = f2; c >= 64; c /= 2) {
@@ -358,6 +356,12 @@ Plan plan(long B, const int* f, int K, int force_c) {
     if (!best.ok || p.cost < best.cost * 0.999) best = p;
   }
   return best;
+}
+// cached per (device, B, f_1, f_2, forced c): kron.cuh's PlanCache
+Plan plan(long B, const int* f, int K, int force_c) {
+  if (!supported(f, K) || B <= 0) return Plan{};
+  static PlanCache<Plan> cache;
+  return cache.get({B, f[0], f[1], force_c}, [&] { return search(B, f[0], f[1], force_c); });
 }
 
 void plan_info(int64_t B, int64_t N, const int* f, int K, int cols, int64_t* info) {
