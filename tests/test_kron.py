@@ -731,7 +731,8 @@ def test_tc_backward_refuses_states_and_the_cpu():
     with pytest.raises(ValueError, match=r"kron: version 3 \(tensor cores\) saves no states and its backward "
                        r"recomputes them; pass states=\[\]"):
         K.ext().backward(x, x, ws, [x], torch.empty_like(x), dws, 3)
-    with pytest.raises(ValueError, match=r"kron: version 5 is a CUDA kernel but x is on the CPU"):
+    with pytest.raises(ValueError, match=r"kron: version 5 is a CUDA kernel but x is on the CPU \(use version 0, "
+                       r"'cpu' in lab's wrappers: the C\+\+ CPU code\)"):
         K.ext().backward(x, x, ws, [], torch.empty_like(x), dws, 5)
     xd, *wd = _inputs(2, "4x8", torch.float64, "cpu")
     with pytest.raises(TypeError, match=r"x must be Float or BFloat16, got Double"):
