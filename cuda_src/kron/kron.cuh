@@ -357,9 +357,9 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 // search asks the device's limits and occupancy and walks many layouts: host time an eager call would pay twice (the
 // binding's fits check, then the launch). v5 planned afresh each call: 25 us of host time against v3's 16 (H200,
 // bf16, .ci/kron_host_probe.py), 9.8 with this cache. Each version's plan() keeps one PlanCache in a function-local
-// static: in a plain function that static is private to the unit's library; in an inline or template function it
-// would be merged across every unit loaded in the process (STB_GNU_UNIQUE, lab_common.h), so there the key must
-// name all that differs between units (v2_plan.cu keys on the element size and its kernels' addresses).
+// static, so every unit (each dtype's build of a source) has its own (units are built with -fno-gnu-unique: see
+// lab/build.py). The key holds what the search reads besides the device; v2_plan.cu's also holds its kernels'
+// addresses (a rebuilt v2.cu is planned afresh).
 template <class Plan> class PlanCache {
  public:
   // key: the call's numbers (the current device is prepended here); search: run once per new key

@@ -107,7 +107,7 @@ template <class T> FusedPlan search_fused(long B, long N, const int* f, int K, i
 }
 template <class T> FusedPlan plan_fused(long B, long N, const int* f, int K, int force_cfg, int force_c,
                                         const FusedKernels<T>& kern) {
-  static PlanCache<FusedPlan> cache;  // in a template: the key names the element size and the kernels (PlanCache)
+  static PlanCache<FusedPlan> cache;
   std::vector<long> key = {long(sizeof(T)), B, N, K, force_cfg, force_c};
   key.insert(key.end(), f, f + K);
   for (int cfg = 0; cfg < kConfigs; ++cfg) key.push_back(long(reinterpret_cast<uintptr_t>(kern.occupancy[cfg])));
