@@ -145,7 +145,8 @@ inline void check_version(const c10::Device& dev, const char* who, int64_t versi
                           const char* op) {
   if (dev.is_cuda()) {
     LAB_CHECK_VALUE(version != 0, op, ": version 0 is the C++ CPU code but ", who, " on ", dev.str(),
-                    " (move to the CPU, or use a CUDA version ", lo, "..", hi, ": 'v", lo, "'..'v", hi, "' in lab's wrappers)");
+                    " (move to the CPU, or use a CUDA version ", lo, "..", hi, ": 'v", lo, "'..'v", hi,
+                    "' in lab's wrappers)");
     LAB_CHECK_VALUE(version >= lo && version <= hi, op, ": CUDA versions are ", lo, "..", hi, ", got ", version);
   } else {
     LAB_CHECK_VALUE(dev.is_cpu(), op, ": ", who, " on ", dev.str(), " (the lab runs on cpu or cuda)");

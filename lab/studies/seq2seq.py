@@ -193,7 +193,7 @@ def _ncu_step_child(batch: int) -> None:
 
 
 def ncu_step(batch: int, device="cuda", record: bool = True) -> list[dict]:
-    """ncu rows of one step of the step-by-step decoder at `batch` (its four launches); appended to
+    """ncu rows of one step of the step-by-step decoder at `batch` (a row per kernel it launches); appended to
     results/<device>/ncu.csv with record. [] where ncu or a GPU is missing (lab.profile.ncu says why)."""
     key = {"family": kgru.FAMILY, "op": "decoder_step", "version": "lab", "shape": f"batch={batch}",
            "dtype": "float32", "precision": "float32"}
