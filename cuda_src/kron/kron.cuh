@@ -356,10 +356,10 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 // A version's plan is a pure function of the device and the call's numbers (shape, forced configuration), and its
 // search asks the device's limits and occupancy and walks many layouts: host time an eager call would pay twice (the
 // binding's fits check, then the launch). v5 planned afresh each call: 25 us of host time against v3's 16 (H200,
-// bf16, .ci/kron_host_probe.py), 9.8 with this cache. Each version's plan() keeps one PlanCache in a function-local
-// static, so every unit (each dtype's build of a source) has its own (units are built with -fno-gnu-unique: see
-// lab/build.py). The key holds what the search reads besides the device; v2_plan.cu's also holds its kernels'
-// addresses (a rebuilt v2.cu is planned afresh).
+// bf16, .ci/kron_host_probe.py), 9.8 with its plan cached (7c26fec). Each version's plan() keeps one PlanCache in a
+// function-local static, so every unit (each dtype's build of a source) has its own (units are built with
+// -fno-gnu-unique: see lab/build.py). The key holds what the search reads besides the device; v2_plan.cu's also
+// holds its kernels' addresses (a rebuilt v2.cu is planned afresh).
 template <class Plan> class PlanCache {
  public:
   // key: the call's numbers (the current device is prepended here); search: run once per new key
