@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/ScalarType.h>
 #include <ATen/Parallel.h>
@@ -129,13 +130,50 @@ inline void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef e
                     shape_str(t.sizes()));
 }
 
-// An output buffer the caller passed in: right shape, dtype and device, contiguous, not overlapping an input.
+// An output buffer the caller passed in: right shape, dtype and device, contiguous. Whether it may share memory with
+// an input is the op's to say: check_no_overlap.
 inline void check_out(const at::Tensor& out, const char* name, const at::Tensor& like, at::IntArrayRef shape,
                       const char* layout) {
   check_shape(out, name, shape, layout);
   check_same_dtype(out, name, like, "the input");
   check_same_device(out, name, like, "the input");
   check_contiguous(out, name);
+}
+
+// An output must not share memory with an input the kernel still reads while it writes (a stencil's neighbours, a
+// GEMM's rows, a sample another block reads): the answer would depend on the order the threads run in, i.e. be
+// silently wrong. in_place_ok: the op reads each element before it writes the same element in the same thread
+// (elementwise), so out may be exactly `in` (same data, sizes and strides), but no other overlap.
+inline bool same_storage(const at::Tensor& a, const at::Tensor& b) {
+  return a.defined() && b.defined() && a.numel() > 0 && b.numel() > 0 && a.has_storage() && b.has_storage() &&
+         a.storage().is_alias_of(b.storage());
+}
+inline void check_no_overlap(const at::Tensor& out, const char* name, const at::Tensor& in, const char* in_name,
+                             bool in_place_ok = false) {
+  if (!same_storage(out, in)) return;
+  at::MemOverlapStatus st = at::get_overlap_status(out, in);
+  if (st == at::MemOverlapStatus::TooHard) {
+    // a strided view (rows of a wider buffer), which ATen does not decide. The same view is Full; two views over
+    // the same address span in different layouts (a matrix and its transpose) overlap. Views whose spans differ
+    // (columns 0..H and H..2H of one buffer: interleaved, disjoint) cannot be told from a true overlap without
+    // walking the elements, so they pass: only a proven overlap is refused.
+    const auto span = [](const at::Tensor& t) {
+      const auto* p = static_cast<const char*>(t.data_ptr());
+      int64_t last = 0;
+      for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+      return std::pair<const char*, const char*>{p, p + (last + 1) * t.element_size()};
+    };
+    if (out.data_ptr() == in.data_ptr() && out.sizes() == in.sizes() && out.strides() == in.strides())
+      st = at::MemOverlapStatus::Full;
+    else
+      st = span(out) == span(in) ? at::MemOverlapStatus::Partial : at::MemOverlapStatus::No;
+  }
+  if (st == at::MemOverlapStatus::No || (in_place_ok && st == at::MemOverlapStatus::Full)) return;
+  if (in_place_ok)
+    LAB_CHECK_VALUE(false, name, " overlaps ", in_name, " without being exactly it: to run in place pass ", in_name,
+                    " itself as ", name, ", otherwise a tensor that shares no memory with it");
+  LAB_CHECK_VALUE(false, name, " shares memory with ", in_name, ": the kernel reads ", in_name, " while it writes ",
+                  name, ", so the result would be wrong; pass an ", name, " that shares no memory with it, or none");
 }
 
 // Which implementation runs: version 0 is the C++ CPU code and takes CPU tensors; lo..hi are CUDA kernels and take

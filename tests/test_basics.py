@@ -84,3 +84,36 @@ def test_cuda_version_on_cpu_tensor_is_refused():
 def test_mixed_devices_are_refused():
     with pytest.raises(ValueError, match=r"b must be on the same device as a \(cuda:0\), got cpu"):
         basics.vector_add(torch.randn(4, device="cuda"), torch.randn(4), version="v1")
+
+
+@pytest.mark.parametrize("device", devices())
+def test_out_sharing_memory_with_an_input(device):
+    """An output that shares memory with an input the kernel still reads is refused by name (otherwise a stencil reads
+    its own output and a GEMM overwrites rows it reads: a silently wrong answer); the elementwise ops run in place, and
+    that matches the reference."""
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(5)
+    for v in [v.name for v in FAM.op("stencil_1d").versions_for(dev, torch.float32, kernels_only=True)]:
+        x = torch.randn(300, generator=g).to(dev)   # (n,)
+        with pytest.raises(ValueError, match=r"out shares memory with x: the kernel reads x while it writes out"):
+            basics.stencil_1d(x, out=x, version=v)
+        with pytest.raises(ValueError, match=r"out shares memory with x"):
+            basics.stencil_1d(x[:299], out=x[1:], version=v)   # shifted by one: a partial overlap
+    for v in [v.name for v in FAM.op("matmul").versions_for(dev, torch.float32, kernels_only=True)]:
+        A, B = torch.randn(40, 40, generator=g).to(dev), torch.randn(40, 40, generator=g).to(dev)   # (M, K), (K, N)
+        with pytest.raises(ValueError, match=r"out shares memory with A"):
+            basics.matmul(A, B, out=A, version=v)
+        with pytest.raises(ValueError, match=r"out shares memory with B"):
+            basics.matmul(A, B, out=B, version=v)
+    for v in [v.name for v in FAM.op("square").versions_for(dev, torch.float32, kernels_only=True)]:
+        x = torch.randn(1027, generator=g).to(dev)
+        want = x.double() ** 2
+        assert basics.square(x, out=x, version=v) is not None
+        assert verify.compare(x, want).rel_err <= verify.tolerance(torch.float32), v
+        with pytest.raises(ValueError, match=r"out overlaps x without being exactly it"):
+            basics.square(x[:1026], out=x[1:], version=v)
+    for v in [v.name for v in FAM.op("vector_add").versions_for(dev, torch.float32, kernels_only=True)]:
+        a, b = torch.randn(1027, generator=g).to(dev), torch.randn(1027, generator=g).to(dev)
+        want = a.double() + b.double()
+        basics.vector_add(a, b, out=b, version=v)
+        assert verify.compare(b, want).rel_err <= verify.tolerance(torch.float32), v

@@ -275,3 +275,18 @@ def test_mismatched_devices_on_cpu_build_are_named():
 def test_cuda_version_on_cpu_tensor_is_refused():
     with pytest.raises(ValueError, match=r"version 2 is a CUDA kernel but weight is on the CPU"):
         E.embedding(torch.tensor([0]), torch.randn(2, 3), version="v2")
+
+
+@pytest.mark.parametrize("device", devices())
+def test_out_sharing_memory_with_an_input_is_refused(device):
+    """The forward's out must not be rows of the weight it gathers from, nor the backward's gradient the grad_out it
+    adds up: refused by name, for every version (an aliased gather reads rows it has already overwritten)."""
+    w = _rand((6, 8), torch.float32, device, 13)                                 # (num_embeddings, dim)
+    idx = torch.tensor([5, 0, 3, 3, 1], device=device)                           # (tokens,)
+    for v in _fwd_versions(device):
+        with pytest.raises(ValueError, match=r"out shares memory with weight: the kernel reads weight while it"):
+            E.embedding(idx, w, version=v, out=w[:5])
+    buf = _rand((6 * 8,), torch.float32, device, 14)
+    for v in _bwd_versions(device):
+        with pytest.raises(ValueError, match=r"grad_weight shares memory with grad_out"):
+            E.embedding_backward(buf[:40].view(5, 8), idx, 6, version=v, out=buf.view(6, 8))

@@ -496,3 +496,34 @@ def test_v6_bad_config_names_its_range():
     xb, _, pb = _inputs(2, 2, 3, 2048, L=2, device="cuda")
     with pytest.raises(ValueError, match=r"gru v6 cannot run batch 2, hidden 2048, 2 layer\(s\).*hidden <= 1024.*use v2"):
         kgru.gru(xb, None, pb, version="v6")
+
+
+@pytest.mark.parametrize("device", devices())
+def test_outputs_sharing_memory_with_an_input_are_refused(device):
+    """Every step reads h and the weights while it writes out and h_n: an output that shares memory with x, h0, a
+    weight or the other output is refused by name, for every version; the gates kernel, elementwise in (b, j), runs
+    in place (h_out = h_prev) and gives the out-of-place answer bit for bit."""
+    dev = torch.device(device)
+    x, h0, params = _inputs(3, 2, 4, 4, L=1, device=device, seed=2)    # input_size = hidden: out = x fits
+    p = list(params)
+    for v in [v.name for v in OP.versions_for(dev, torch.float32, kernels_only=True)]:
+        with pytest.raises(ValueError, match=r"out shares memory with x: the kernel reads x while it writes out"):
+            kgru.gru(x, h0, p, out=(x, torch.empty_like(h0)), version=v)
+        with pytest.raises(ValueError, match=r"h_n shares memory with h0"):
+            kgru.gru(x, h0, p, out=(torch.empty(3, 2, 4, device=device), h0), version=v)
+        with pytest.raises(ValueError, match=r"out shares memory with params\[1\] \(w_hh of layer 0\)"):
+            kgru.gru(x, h0, p, out=(p[1].view(-1)[:24].view(3, 2, 4), torch.empty_like(h0)), version=v)
+        o = torch.empty(3, 2, 4, device=device)
+        with pytest.raises(ValueError, match=r"h_n shares memory with out"):
+            kgru.gru(x, h0, p, out=(o, o[2:]), version=v)
+    g = torch.Generator().manual_seed(4)
+    gi, gh = torch.randn(2, 12, generator=g).to(dev), torch.randn(2, 12, generator=g).to(dev)   # (batch, 3*hidden)
+    h = torch.randn(2, 4, generator=g).to(dev)                                                   # (batch, hidden)
+    want = kgru.ext().gru_gates(gi, gh, p[2], p[3], h, torch.empty_like(h))
+    kgru.ext().gru_gates(gi, gh, p[2], p[3], h, h)
+    assert torch.equal(h, want)
+    with pytest.raises(ValueError, match=r"h_out shares memory with gi"):
+        kgru.ext().gru_gates(gi, gh, p[2], p[3], h, gi.view(-1)[:8].view(2, 4))
+    buf = torch.empty(36, device=device)
+    with pytest.raises(ValueError, match=r"out shares memory with x"):
+        kgru.ext().input_projection(buf[:24].view(4, 6), torch.randn(9, 6, device=device), buf.view(4, 9), None)

@@ -453,6 +453,40 @@ def test_the_cpp_boundary_checks_too(device):
         ext.backward(x, x, [w3, w4], [x], torch.empty_like(x), [torch.empty_like(w3), torch.empty_like(w3)], v)
 
 
+@pytest.mark.parametrize("device", devices())
+def test_outputs_sharing_memory_with_an_input_are_refused(device):
+    """A block of the fused versions writes its columns of y[b] while other blocks still read all of x[b], and a
+    factor step reads the state it came from: out, a state, dx or a dW that shares memory with an input (or another
+    output) is refused by name, for every version, forward and backward."""
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(21)
+    for v in [v.name for v in FAM.op("forward").versions_for(dev, torch.float32, kernels_only=True)]:
+        x = torch.randn(4, 64, generator=g).to(dev)                            # (batch, N), N = 8 x 8
+        ws = [torch.randn(8, 8, generator=g).to(dev) for _ in range(2)]      # W_1, W_2
+        with pytest.raises(ValueError, match=r"out shares memory with x: the kernel reads x while it writes out"):
+            K.forward(x, ws, out=x, version=v)
+        with pytest.raises(ValueError, match=r"out shares memory with factors\[1\]"):
+            K.forward(x[:1], ws, out=ws[1].view(1, 64), version=v)
+        if v in K.TENSOR_CORE:
+            continue                                                           # no states, their own backward
+        st = torch.empty_like(x)
+        with pytest.raises(ValueError, match=r"states\[0\] shares memory with x"):
+            K.forward(x, ws, version=v, states=[x])
+        with pytest.raises(ValueError, match=r"out shares memory with states\[0\]"):
+            K.forward(x, ws, out=st, version=v, states=[st])
+        K.forward(x, ws, version=v, states=[st])
+        gy = torch.randn(4, 64, generator=g).to(dev)
+        dws = [torch.empty_like(w) for w in ws]
+        with pytest.raises(ValueError, match=r"dx shares memory with g"):
+            K.backward(gy, x, ws, [st], dx=gy, dws=dws, version=v)
+        with pytest.raises(ValueError, match=r"dx shares memory with states\[0\]"):
+            K.backward(gy, x, ws, [st], dx=st, dws=dws, version=v)
+        with pytest.raises(ValueError, match=r"dws\[1\] shares memory with factors\[1\]"):
+            K.backward(gy, x, ws, [st], dws=[dws[0], ws[1]], version=v)
+        with pytest.raises(ValueError, match=r"dws\[1\] shares memory with dws\[0\]"):
+            K.backward(gy, x, ws, [st], dws=[dws[0], dws[0]], version=v)
+
+
 def test_cuda_version_on_cpu_tensors_is_refused():
     x, *ws = _inputs(2, "2x3", torch.float32, "cpu")
     with pytest.raises(ValueError, match=r"version 2 is a CUDA kernel but x is on the CPU"):  # the C++ boundary

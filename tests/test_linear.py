@@ -247,3 +247,22 @@ def test_cuda_bad_input():
         L.gemv(x.bfloat16(), w.bfloat16())
     with pytest.raises(ValueError, match=r"version 0 is the C\+\+ CPU code but x is on cuda:0 \(move to the CPU"):
         L.linear(x, w, version="cpu")
+
+
+@pytest.mark.parametrize("device", devices())
+def test_out_sharing_memory_with_an_input_is_refused(device):
+    """out = x (in_features = out_features, so the shapes allow it) would have the GEMM overwrite rows of x that other
+    tiles still read: refused with the argument's name, for every version of both ops (a silently wrong answer
+    before: all zeros on the CPU)."""
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(11)
+    for op, fn in (("linear", L.linear), ("gemv", L.gemv)):
+        for v in [v.name for v in FAM.op(op).versions_for(dev, torch.float32, kernels_only=True)]:
+            x, w = torch.randn(40, 40, generator=g).to(dev), torch.randn(40, 40, generator=g).to(dev)  # (M, K), (N, K)
+            b = torch.randn(40, generator=g).to(dev)
+            with pytest.raises(ValueError, match=r"out shares memory with x: the kernel reads x while it writes out"):
+                fn(x, w, b, out=x, version=v)
+            with pytest.raises(ValueError, match=r"out shares memory with weight"):
+                fn(x, w, b, out=w, version=v)
+            with pytest.raises(ValueError, match=r"out shares memory with bias"):
+                fn(x[:1], w, b, out=b.view(1, 40), version=v)

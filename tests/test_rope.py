@@ -308,3 +308,31 @@ def test_eager_baseline_is_written_as_models_write_it():
     want = x * c + R.rotate_half(x) * s                                  # the usual form, all in bf16
     got = R.rope_torch(x, cos, sin)
     assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_in_place_is_exact_and_other_sharing_is_refused(device):
+    """A thread reads a pair and writes the same pair, so out = x itself (in place, as a KV-cache update does it)
+    gives the out-of-place answer, bit for bit; an out that overlaps x without being it, or that overlaps the other
+    tensor or a table, is refused by name."""
+    cos, sin = R.rope_tables(40, 32, device=device)
+    for v in _versions(device):
+        for interleaved in (False, True):
+            x = _rand((2, 3, 17, 32), torch.bfloat16, device, 7)          # (batch, heads, seq, head_dim)
+            want = R.rope(x, cos, sin, 4, interleaved=interleaved, version=v)
+            got = R.rope(x, cos, sin, 4, interleaved=interleaved, out=x, version=v)
+            assert got.data_ptr() == x.data_ptr()
+            assert torch.equal(x, want), (v, interleaved)
+        q, k = _rand((2, 4, 13, 32), torch.float32, device, 8), _rand((2, 2, 13, 32), torch.float32, device, 9)
+        want_q, want_k = R.rope_qk(q, k, cos, sin, version=v)
+        R.rope_qk(q, k, cos, sin, out=(q, k), version=v)
+        assert torch.equal(q, want_q) and torch.equal(k, want_k), v
+        flat = torch.randn(2 * 3 * 17 * 32 + 1, device=device)
+        x, shifted = flat[:-1].view(2, 3, 17, 32), flat[1:].view(2, 3, 17, 32)
+        with pytest.raises(ValueError, match=r"out overlaps x without being exactly it"):
+            R.rope(x, cos, sin, out=shifted, version=v)
+        q1, k1 = q[:1].clone(), k[:1].clone()                               # batch 1: q1[:, :2] is contiguous
+        with pytest.raises(ValueError, match=r"k_out shares memory with q"):
+            R.rope_qk(q1, k1, cos, sin, out=(torch.empty_like(q1), q1[:, :2]), version=v)
+        with pytest.raises(ValueError, match=r"out shares memory with cos"):   # cos: (40, 16), 640 floats
+            R.rope(q1[:, :1], cos, sin, out=cos.view(-1)[:13 * 32].view(1, 1, 13, 32), version=v)

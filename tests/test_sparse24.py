@@ -255,3 +255,17 @@ def test_designs_table_sets_each_tensor_core_design_against_dense_with_its_ncu_r
     assert "150.0" in v4 and "1.20x" in v4 and f"{1.2 / 1.5:7.2f}" in v4
     assert "v4_kernel" in v4 and "160.0" in v4 and "70.0" in v4 and "gmma 2.50" in v4 and "old" not in v4
     assert "nvjet_gemm" in next(l for l in lines if l.startswith("torch "))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_out_sharing_memory_with_an_input_is_refused(device):
+    """Every output tile reads whole rows of x and of the compressed weight: an out that shares memory with either
+    is refused by name, for every version (before, the answer depended on the order the tiles ran in)."""
+    w = S.prune(_rand((8, 64), torch.float32, "cpu", 5)).bfloat16().to(device)   # (out_features, in_features)
+    packed = S.compress(w)
+    for v in _versions(device):
+        x = _rand((2, 64), torch.bfloat16, device, 6)                               # (batch, in_features)
+        with pytest.raises(ValueError, match=r"out shares memory with x: the kernel reads x while it writes out"):
+            S.linear(x, packed, out=x.view(-1)[:16].view(2, 8), version=v)
+        with pytest.raises(ValueError, match=r"out shares memory with values"):
+            S.linear(x, packed, out=packed.values.view(-1)[:16].view(2, 8), version=v)

@@ -34,6 +34,7 @@ template <class T> using MatmulCpu = void (*)(const T*, const T*, T*, int64_t, i
 at::Tensor square(const at::Tensor& x, at::Tensor out, int64_t version) {
   check_float(x, "x");
   lab::check_out(out, "out", x, x.sizes(), "like x");
+  lab::check_no_overlap(out, "out", x, "x", /*in_place_ok=*/true);  // elementwise
   lab::check_version(x, "x", version, 1, 2, "square");
   const int64_t n = x.numel();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "square", [&] {
@@ -61,6 +62,8 @@ at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b, at::Tensor out, 
   LAB_CHECK_VALUE(a.sizes() == b.sizes(), "b must have the same shape as a = ", lab::shape_str(a.sizes()),
                     ", got ", lab::shape_str(b.sizes()), " (vector_add does not broadcast)");
   lab::check_out(out, "out", a, a.sizes(), "like a");
+  lab::check_no_overlap(out, "out", a, "a", /*in_place_ok=*/true);  // elementwise
+  lab::check_no_overlap(out, "out", b, "b", /*in_place_ok=*/true);
   lab::check_version(a, "a", version, 1, 4, "vector_add");
   const int64_t n = a.numel();
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "vector_add", [&] {
@@ -86,6 +89,7 @@ at::Tensor stencil_1d(const at::Tensor& x, at::Tensor out, int64_t version) {
   check_float(x, "x");
   lab::check_dim(x, "x", 1, "(n,)");
   lab::check_out(out, "out", x, x.sizes(), "(n,)");
+  lab::check_no_overlap(out, "out", x, "x");  // out[i] reads x[i - R .. i + R]
   lab::check_version(x, "x", version, 1, 2, "stencil_1d");
   const int64_t n = x.numel();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "stencil_1d", [&] {
@@ -116,6 +120,8 @@ at::Tensor matmul(const at::Tensor& A, const at::Tensor& B, at::Tensor out, int6
                     lab::shape_str(B.sizes()));
   const int64_t M = A.size(0), K = A.size(1), N = B.size(1);
   lab::check_out(out, "out", A, {M, N}, "(M, N)");
+  lab::check_no_overlap(out, "out", A, "A");
+  lab::check_no_overlap(out, "out", B, "B");
   lab::check_version(A, "A", version, 1, 2, "matmul");
   AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "matmul", [&] {
     if (A.is_cuda()) {

@@ -125,6 +125,8 @@ at::Tensor embedding_forward(const at::Tensor& idx, const at::Tensor& weight, at
   resolve_padding(has_padding, padding_idx, V, op);  // the forward gathers the padding row too: checked, not used
   const auto shape = out_shape(idx, D);
   lab::check_out(out, "out", weight, shape, "idx.shape + (dim,)");
+  lab::check_no_overlap(out, "out", weight, "weight");  // a gathered row may be one the kernel is writing
+  lab::check_no_overlap(out, "out", idx, "idx");
   lab::check_version(weight, "weight", version, 1, kMaxForward, op);
 
   const std::string types = lab::cat(lab::dtype_suffix(weight.scalar_type()), "_", idx_suffix(idx));
@@ -179,6 +181,8 @@ at::Tensor embedding_backward(const at::Tensor& grad_out, const at::Tensor& idx,
   const int64_t V = num_embeddings, D = grad_out.size(-1), T = idx.numel();
   const int64_t pad = resolve_padding(has_padding, padding_idx, V, op);
   lab::check_out(grad_weight, "grad_weight", grad_out, {V, D}, "(num_embeddings, dim)");
+  lab::check_no_overlap(grad_weight, "grad_weight", grad_out, "grad_out");  // it accumulates rows of grad_out
+  lab::check_no_overlap(grad_weight, "grad_weight", idx, "idx");
   lab::check_version(grad_out, "grad_out", version, 1, kMaxBackward, op);
   if (check_indices && !grad_out.is_cuda()) check_range(idx, V, op);
 

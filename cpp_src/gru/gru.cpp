@@ -165,6 +165,14 @@ std::pair<int64_t, int64_t> check_forward(const at::Tensor& x, const std::option
   }
   lab::check_out(out, "out", x, {T, B, H}, "(seq_len, batch, hidden)");
   lab::check_out(h_n, "h_n", x, {L, B, H}, "(num_layers, batch, hidden)");
+  // every step reads h and the weights while it writes out and h_n; a layer's out is the next layer's input
+  for (const auto& [o, oname] : {std::pair<const at::Tensor&, const char*>{out, "out"}, {h_n, "h_n"}}) {
+    lab::check_no_overlap(o, oname, x, "x");
+    if (h0 && h0->defined()) lab::check_no_overlap(o, oname, *h0, "h0");
+    for (size_t i = 0; i < params.size(); ++i)
+      if (lab::same_storage(o, params[i])) lab::check_no_overlap(o, oname, params[i], param_name(i).c_str());
+  }
+  lab::check_no_overlap(h_n, "h_n", out, "out");
   return {L, H};
 }
 
@@ -554,7 +562,13 @@ at::Tensor gru_gates_op(const at::Tensor& gi, const std::optional<at::Tensor>& g
     check_rows(*h_prev, "h_prev", B, H, "(batch, hidden)");
     lab::check_same_dtype(*h_prev, "h_prev", h_out, "h_out");
     lab::check_same_device(*h_prev, "h_prev", h_out, "h_out");
+    // elementwise in (b, j): h_out may be h_prev itself (a step in place), but no other overlap
+    lab::check_no_overlap(h_out, "h_out", *h_prev, "h_prev", /*in_place_ok=*/true);
   }
+  lab::check_no_overlap(h_out, "h_out", gi, "gi");  // h_out[b, j] reads gi[b, j], gi[b, H + j] and gi[b, 2H + j]
+  if (has_gh) lab::check_no_overlap(h_out, "h_out", *gh, "gh");
+  if (has_bih) lab::check_no_overlap(h_out, "h_out", *b_ih, "b_ih");
+  lab::check_no_overlap(h_out, "h_out", b_hh, "b_hh");
   if (h_out.is_cuda()) {
 #ifdef LAB_WITH_CUDA
     c10::cuda::CUDAGuard guard(h_out.device());
@@ -609,11 +623,14 @@ at::Tensor input_projection(const at::Tensor& x, const at::Tensor& w, at::Tensor
                  c10::toString(out.scalar_type()));
   lab::check_same_device(out, "out", x, "x");
   lab::check_contiguous(out, "out");
+  lab::check_no_overlap(out, "out", x, "x");  // a GEMM: every output tile reads whole rows of x and w
+  lab::check_no_overlap(out, "out", w, "w");
   const bool has_zero = zero && zero->defined();
   if (has_zero) {
     lab::check_dtype(*zero, "zero", {at::kInt});
     lab::check_same_device(*zero, "zero", x, "x");
     lab::check_contiguous(*zero, "zero");
+    lab::check_no_overlap(*zero, "zero", out, "out");
   }
   LAB_CHECK_VALUE(x.is_cuda(), "input_projection is proj.cu's CUDA kernel: x must be a CUDA tensor, got ", x.device());
 #ifdef LAB_WITH_CUDA

@@ -124,6 +124,26 @@ void check_states(const std::vector<at::Tensor>& states, const at::Tensor& x, co
   }
 }
 
+// No output may share memory with an input or with another output: every kernel reads its inputs while it writes
+// (a block of the fused versions writes its columns of y[b] while other blocks still read all of x[b]). A tensor and
+// its name: base, or base[index] for an element of a list (built only when an overlap is reported).
+struct Named {
+  const at::Tensor& t;
+  const char* base;
+  int64_t index;  // -1: not in a list
+  std::string name() const { return index < 0 ? std::string(base) : lab::cat(base, "[", index, "]"); }
+};
+std::vector<Named> named(const std::vector<at::Tensor>& ts, const char* base, size_t count) {
+  std::vector<Named> v;
+  for (size_t k = 0; k < count && k < ts.size(); ++k) v.push_back({ts[k], base, int64_t(k)});
+  return v;
+}
+void check_apart(const Named& out, std::initializer_list<std::vector<Named>> inputs) {
+  for (const auto& group : inputs)
+    for (const Named& in : group)
+      if (lab::same_storage(out.t, in.t)) lab::check_no_overlap(out.t, out.name().c_str(), in.t, in.name().c_str());
+}
+
 // ---- launchers: what the units export (names: kname below) --------------------------------------------------------
 #ifdef LAB_WITH_CUDA
 // cuda_src/kron/v1.cu, v2_plan.cu, backward.cu, each built once per dtype: "kron_v1_forward@f32", ...
@@ -333,6 +353,12 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
   const Sizes s = check_layer(x, factors, version);
   check_like(out, "out", x, {s.B, s.N}, "(batch, N)");
   check_states(states, x, s, false);
+  {
+    const std::vector<Named> xs{{x, "x", -1}}, fs = named(factors, "factors", factors.size());
+    check_apart({out, "out", -1}, {xs, fs, named(states, "states", states.size())});
+    for (size_t k = 0; k < states.size(); ++k)  // the states are outputs too
+      check_apart({states[k], "states", int64_t(k)}, {xs, fs, named(states, "states", k)});
+  }
   lab::check_version(x, "x", version, 1, kLastVersion, "kron");
   LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
   LAB_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
@@ -476,6 +502,13 @@ at::Tensor backward_impl(const at::Tensor& g, const at::Tensor& x, const std::ve
     char name[32];
     std::snprintf(name, sizeof(name), "dws[%d]", k);
     check_like(dws[k], name, x, {s.f[k], s.f[k]}, "like factors[k]");
+  }
+  {
+    const std::vector<Named> ins{{x, "x", -1}, {g, "g", -1}}, fs = named(factors, "factors", factors.size()),
+        ss = named(states, "states", states.size());
+    check_apart({dx, "dx", -1}, {ins, fs, ss, named(dws, "dws", dws.size())});
+    for (size_t k = 0; k < dws.size(); ++k)
+      check_apart({dws[k], "dws", int64_t(k)}, {ins, fs, ss, named(dws, "dws", k)});
   }
   lab::check_version(x, "x", version, 1, kLastVersion, "kron");
   if (tensor_cores(version)) return backward_tc(g, x, factors, dx, dws, s);

@@ -49,6 +49,9 @@ Problem check_problem(const at::Tensor& x, const at::Tensor& weight,
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = p.N;
   lab::check_out(out, "out", x, out_shape, "(..., out_features)");
+  lab::check_no_overlap(out, "out", x, "x");  // every output tile reads whole rows of x and of weight
+  lab::check_no_overlap(out, "out", weight, "weight");
+  if (p.b) lab::check_no_overlap(out, "out", *p.b, "bias");
   for (int64_t i = 0; i + 1 < x.dim(); ++i) p.M *= x.size(i);
   return p;
 }

@@ -100,8 +100,19 @@ void run(const at::Tensor& q, const char* q_name, const at::Tensor& k, const at:
     lab::check_same_device(k, "k", q, q_name);
   }
   check_tables(cos, sin, q, q_name, seq, offset);
-  lab::check_out(q_out, k.defined() ? "q_out" : "out", q, q.sizes(), layout_str(layout));
+  const char* q_out_name = k.defined() ? "q_out" : "out";
+  lab::check_out(q_out, q_out_name, q, q.sizes(), layout_str(layout));
   if (k.defined()) lab::check_out(k_out, "k_out", k, k.sizes(), layout_str(layout));
+  // a thread reads a pair and writes the same pair: in place (out = the input itself) is fine, any other sharing not
+  lab::check_no_overlap(q_out, q_out_name, q, q_name, /*in_place_ok=*/true);
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{cos, "cos"}, {sin, "sin"}, {k, "k"}})
+    lab::check_no_overlap(q_out, q_out_name, t, name);
+  if (k.defined()) {
+    lab::check_no_overlap(k_out, "k_out", k, "k", /*in_place_ok=*/true);
+    for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{cos, "cos"}, {sin, "sin"}, {q, q_name},
+                                  {q_out, q_out_name}})
+      lab::check_no_overlap(k_out, "k_out", t, name);
+  }
   lab::check_version(q, q_name, version, 1, kMaxVersion, op);
   LAB_CHECK_VALUE(rows_per_thread == 0 || rows_per_thread == 1 || rows_per_thread == 2 || rows_per_thread == 4 ||
                     rows_per_thread == 8, op, ": rows_per_thread must be 1, 2, 4, 8 or 0 (choose), got ",

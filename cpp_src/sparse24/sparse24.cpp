@@ -112,6 +112,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& values, const at::Tenso
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = N;
   lab::check_out(out, "out", x, out_shape, "(..., out_features)");
+  lab::check_no_overlap(out, "out", x, "x");  // every output tile reads whole rows of x and of the weight
+  lab::check_no_overlap(out, "out", values, "values");
+  lab::check_no_overlap(out, "out", meta, "meta");
+  if (b) lab::check_no_overlap(out, "out", *b, "bias");
   lab::check_version(x, "x", version, 1, kVersions, op);
   lab::check_no_grad(x, "x", op);
   lab::check_no_grad(values, "values", op);
