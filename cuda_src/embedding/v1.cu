@@ -35,6 +35,8 @@ cudaError_t bwd_v1(const void* grad_out, const void* idx, void* grad_weight, voi
                    int64_t dim, int64_t num_embeddings, int64_t padding_idx, cudaStream_t stream) {
   using A = typename Acc<T>::type;
   constexpr bool kSameType = sizeof(A) == sizeof(T);  // fp32, fp64: add into grad_weight itself
+  // no rows to write (num_embeddings or dim 0): nothing to do, and the empty fp32 buffer has no address to check
+  if (num_embeddings == 0 || dim == 0) return cudaSuccess;
   if (!kSameType && acc_buf == nullptr) return cudaErrorInvalidValue;
   A* acc = kSameType ? static_cast<A*>(grad_weight) : static_cast<A*>(acc_buf);
   const int64_t rows_total = num_embeddings * dim, total = tokens * dim;
