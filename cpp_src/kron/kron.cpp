@@ -125,23 +125,22 @@ void check_states(const std::vector<at::Tensor>& states, const at::Tensor& x, co
 }
 
 // No output may share memory with an input or with another output: every kernel reads its inputs while it writes
-// (a block of the fused versions writes its columns of y[b] while other blocks still read all of x[b]). A tensor and
-// its name: base, or base[index] for an element of a list (built only when an overlap is reported).
-struct Named {
-  const at::Tensor& t;
-  const char* base;
-  int64_t index;  // -1: not in a list
-  std::string name() const { return index < 0 ? std::string(base) : lab::cat(base, "[", index, "]"); }
-};
-std::vector<Named> named(const std::vector<at::Tensor>& ts, const char* base, size_t count) {
-  std::vector<Named> v;
-  for (size_t k = 0; k < count && k < ts.size(); ++k) v.push_back({ts[k], base, int64_t(k)});
-  return v;
+// (a block of the fused versions writes its columns of y[b] while other blocks still read all of x[b]). A tensor's
+// name is base, or base[index] for an element of a list (index >= 0); it is built only for an overlap to report.
+void check_apart(const at::Tensor& out, const char* out_base, int64_t out_index, const at::Tensor& in,
+                 const char* in_base, int64_t in_index) {
+  if (!lab::same_storage(out, in)) return;
+  const auto name = [](const char* base, int64_t i) { return i < 0 ? std::string(base) : lab::cat(base, "[", i, "]"); };
+  lab::check_no_overlap(out, name(out_base, out_index).c_str(), in, name(in_base, in_index).c_str());
 }
-void check_apart(const Named& out, std::initializer_list<std::vector<Named>> inputs) {
-  for (const auto& group : inputs)
-    for (const Named& in : group)
-      if (lab::same_storage(out.t, in.t)) lab::check_no_overlap(out.t, out.name().c_str(), in.t, in.name().c_str());
+// an output against x, every factor and the first `n_states` states
+void check_apart_from_layer(const at::Tensor& out, const char* base, int64_t index, const at::Tensor& x,
+                            const std::vector<at::Tensor>& factors, const std::vector<at::Tensor>& states,
+                            size_t n_states) {
+  check_apart(out, base, index, x, "x", -1);
+  for (size_t k = 0; k < factors.size(); ++k) check_apart(out, base, index, factors[k], "factors", int64_t(k));
+  for (size_t k = 0; k < n_states && k < states.size(); ++k)
+    check_apart(out, base, index, states[k], "states", int64_t(k));
 }
 
 // ---- launchers: what the units export (names: kname below) --------------------------------------------------------
@@ -353,12 +352,9 @@ at::Tensor forward_impl(const at::Tensor& x, const std::vector<at::Tensor>& fact
   const Sizes s = check_layer(x, factors, version);
   check_like(out, "out", x, {s.B, s.N}, "(batch, N)");
   check_states(states, x, s, false);
-  {
-    const std::vector<Named> xs{{x, "x", -1}}, fs = named(factors, "factors", factors.size());
-    check_apart({out, "out", -1}, {xs, fs, named(states, "states", states.size())});
-    for (size_t k = 0; k < states.size(); ++k)  // the states are outputs too
-      check_apart({states[k], "states", int64_t(k)}, {xs, fs, named(states, "states", k)});
-  }
+  check_apart_from_layer(out, "out", -1, x, factors, states, states.size());
+  for (size_t k = 0; k < states.size(); ++k)  // the states are outputs too
+    check_apart_from_layer(states[k], "states", int64_t(k), x, factors, states, k);
   lab::check_version(x, "x", version, 1, kLastVersion, "kron");
   LAB_CHECK_VALUE(cfg >= -1 && cfg <= 2, "kron: cfg must be -1 (automatic) or 0..2, got ", cfg);
   LAB_CHECK_VALUE(cols >= 0 && cols <= 1 << 20, "kron: cols must be 0 (automatic) or a slice width, got ", cols);
@@ -503,13 +499,13 @@ at::Tensor backward_impl(const at::Tensor& g, const at::Tensor& x, const std::ve
     std::snprintf(name, sizeof(name), "dws[%d]", k);
     check_like(dws[k], name, x, {s.f[k], s.f[k]}, "like factors[k]");
   }
-  {
-    const std::vector<Named> ins{{x, "x", -1}, {g, "g", -1}}, fs = named(factors, "factors", factors.size()),
-        ss = named(states, "states", states.size());
-    check_apart({dx, "dx", -1}, {ins, fs, ss, named(dws, "dws", dws.size())});
-    for (size_t k = 0; k < dws.size(); ++k)
-      check_apart({dws[k], "dws", int64_t(k)}, {ins, fs, ss, named(dws, "dws", k)});
-  }
+  const auto apart = [&](const at::Tensor& out, const char* base, int64_t index, size_t n_dws) {
+    check_apart_from_layer(out, base, index, x, factors, states, states.size());
+    check_apart(out, base, index, g, "g", -1);
+    for (size_t k = 0; k < n_dws; ++k) check_apart(out, base, index, dws[k], "dws", int64_t(k));
+  };
+  apart(dx, "dx", -1, dws.size());
+  for (size_t k = 0; k < dws.size(); ++k) apart(dws[k], "dws", int64_t(k), k);
   lab::check_version(x, "x", version, 1, kLastVersion, "kron");
   if (tensor_cores(version)) return backward_tc(g, x, factors, dx, dws, s);
 #ifdef LAB_WITH_CUDA
