@@ -65,6 +65,8 @@ def _shapes(args, op):
     if not args.size:
         return None
     keys = set(op.check_shapes[0]) if op.check_shapes else set()
+    ints = {k for k, v in (op.check_shapes[0] if op.check_shapes else {}).items()
+            if isinstance(v, int) and not isinstance(v, bool)}
     out = []
     for spec in args.size:
         d = {}
@@ -72,13 +74,30 @@ def _shapes(args, op):
             k, _, v = kv.partition("=")
             if k not in keys:
                 sys.exit(f"--size: {op.family}.{op.name} has shape keys {sorted(keys)}, got {k!r}")
-            d[k] = int(v) if v.lstrip("-").isdigit() else v   # kron's factors=8x16x32 stays a string
+            if k in ints and not v.strip().isdigit():
+                sys.exit(f"--size: {op.family}.{op.name}'s {k} is a count: a non-negative integer, got {v!r}")
+            d[k] = int(v) if k in ints else v   # kron's factors=8x16x32 stays a string
         out.append({**op.bench_shapes[0], **d} if op.bench_shapes else d)
     return out
 
 
 def _ops(fam, args):
     return [fam.op(args.op)] if args.op else fam.ops
+
+
+def _check_version_names(args) -> None:
+    """A --version that no op in scope has is a typo, not an empty run: refuse it, listing the versions there are (a
+    version some ops lack is fine: those ops run the others)."""
+    names = getattr(args, "version", None)
+    if not names:
+        return
+    fams = [registry.get(args.family)] if getattr(args, "family", None) else _families(args.families)
+    known = list(dict.fromkeys(v.name for f in fams for op in _ops(f, args) for v in op.versions))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        scope = ", ".join(f.name for f in fams) + (f" --op {args.op}" if getattr(args, "op", None) else "")
+        sys.exit(f"--version: {', '.join(map(repr, unknown))} is not a version of {scope}; its versions: "
+                 f"{', '.join(known)}")
 
 
 def cmd_list(args) -> int:
@@ -366,6 +385,8 @@ def main(argv=None) -> int:
                "summary": cmd_summary, "compare": compare.main,
                "buildtime": cmd_buildtime}[args.cmd]
     try:
+        if args.cmd in ("check", "bench", "profile", "watch"):
+            _check_version_names(args)
         return handler(args)
     except build.BuildError as e:
         print(f"\n{e}", file=sys.stderr)

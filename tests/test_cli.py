@@ -36,6 +36,24 @@ def test_bad_size_key_is_a_clear_error():
     assert "shape keys ['n']" in r.stderr
 
 
+def test_bad_size_value_is_a_clear_error():
+    # a negative or non-numeric count used to reach torch.randn as a traceback
+    for value in ("-5", "abc"):
+        r = lab("bench", "basics", "--op", "square", "--size", f"n={value}", "--device", "cpu", "--dry")
+        assert r.returncode != 0
+        assert f"--size: basics.square's n is a count: a non-negative integer, got '{value}'" in r.stderr, r.stderr
+
+
+def test_unknown_version_is_a_clear_error_not_an_empty_run():
+    # a typo used to run nothing and pass ("0/0 passed", an empty profile); a version some ops lack is still fine
+    for cmd in ("check", "bench", "profile"):
+        r = lab(cmd, "kron", "--version", "v9", "--version", "v1", "--device", "cpu")
+        assert r.returncode != 0, (cmd, r.stdout)
+        assert "--version: 'v9' is not a version of kron; its versions: cpu, v1," in r.stderr, (cmd, r.stderr)
+    r = lab("check", "basics", "--op", "square", "--version", "v3", "--device", "cpu")   # v3 is vector_add's
+    assert r.returncode != 0 and "'v3' is not a version of basics --op square" in r.stderr, r.stderr
+
+
 def test_op_given_twice_is_an_error_not_the_last_one_silently():
     # argparse would keep the last --op: a sanitizer run meant for two ops would check only one and still pass
     r = lab("check", "basics", "--op", "square", "--op", "matmul", "--device", "cpu")
