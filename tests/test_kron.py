@@ -860,6 +860,8 @@ def test_command_line_parses_factor_lists():
     from lab import kron as cli
     with pytest.raises(SystemExit):
         cli.main(["4", "check"])  # no factor
+    with pytest.raises(SystemExit, match=r"factor sizes must be one or more positive integers, got \[4, 0\]"):
+        cli.main(["--device", "cpu", "2", "4", "0", "check"])   # the message, not a traceback
     assert K.parse_factors([128, 64]) == (128, 64) and K.parse_factors("8x16x32") == (8, 16, 32)
     with pytest.raises(ValueError, match="factor sizes must look like"):
         K.parse_factors("8 by 16")

@@ -269,7 +269,10 @@ def main(argv=None) -> int:
         sys.exit("no GPU is visible (torch.cuda.is_available() is False); use --device cpu")
     if args.batch_size < 1:
         sys.exit(f"batch_size must be >= 1, got {args.batch_size}")
-    sizes = K.parse_factors(args.factor)
+    try:
+        sizes = K.parse_factors(args.factor)
+    except ValueError as e:   # 0 or a negative factor: the message, not a traceback
+        sys.exit(str(e))
     cmds = {"check": cmd_check, "profile": cmd_profile, "bench": cmd_bench, "tune": cmd_tune}
     return cmds[args.cmd](args, sizes, dtype, device)
 
