@@ -140,14 +140,16 @@ inline void check_out(const at::Tensor& out, const char* name, const at::Tensor&
   check_contiguous(out, name);
 }
 
-// An output must not share memory with an input the kernel still reads while it writes (a stencil's neighbours, a
-// GEMM's rows, a sample another block reads): the answer would depend on the order the threads run in, i.e. be
-// silently wrong. in_place_ok: the op reads each element before it writes the same element in the same thread
-// (elementwise), so out may be exactly `in` (same data, sizes and strides), but no other overlap.
+// Whether two non-empty tensors are views of one allocation (the cheap test before an overlap is worked out).
 inline bool same_storage(const at::Tensor& a, const at::Tensor& b) {
   return a.defined() && b.defined() && a.numel() > 0 && b.numel() > 0 && a.has_storage() && b.has_storage() &&
          a.storage().is_alias_of(b.storage());
 }
+
+// An output must not share memory with an input the kernel still reads while it writes (a stencil's neighbours, a
+// GEMM's rows, a sample another block reads): the answer would depend on the order the threads run in, i.e. be
+// silently wrong. in_place_ok: the op reads each element before it writes the same element in the same thread
+// (elementwise), so out may be exactly `in` (same data, sizes and strides), but no other overlap.
 inline void check_no_overlap(const at::Tensor& out, const char* name, const at::Tensor& in, const char* in_name,
                              bool in_place_ok = false) {
   if (!same_storage(out, in)) return;
