@@ -67,13 +67,12 @@ def first_line(e: BaseException) -> str:
 
 # ---- tensors ----------------------------------------------------------------------------------------------------
 def flat(x) -> list:
-    if isinstance(x, torch.Tensor):
+    """The tensors of a nested output (lab.verify's flattening); an output that is not tensors comes back whole, to
+    be reported."""
+    try:
+        return verify._flat(x)
+    except TypeError:
         return [x]
-    if isinstance(x, (tuple, list)):
-        return [t for item in x for t in flat(item)]
-    if x is None:
-        return []
-    return [x]  # a non-tensor output: reported
 
 
 def up(x):
