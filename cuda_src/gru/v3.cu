@@ -24,7 +24,12 @@
 // per loop and per shared load.)
 // What the fp32 goals missed at batch 8 and 256 are made of (notebook 03 prints it per run): the persistent kernel
 // alone is ahead of the goal at both; the kernels before it (cuBLAS's projection GEMM, the fill) and the launch gaps
-// are the margin.
+// are the margin. Moving that projection onto tensor cores at fp32 accuracy (3xTF32: operands split into a TF32 high
+// part and the remainder, three products kept) was measured and not taken (lab/studies/gru.py; notebook 03 prints
+// it): at batch 256 its fastest form, one TF32 GEMM with K tripled, brings the encoder to 1.5x only if the split pass
+// is free (that pass moves ~38 MB: ~9 us at copy bandwidth), and its error against float64 is an order of magnitude
+// above the fp32 GEMM's (the small products share the tensor cores' accumulator with the large one); three TF32 GEMMs
+// accumulated keep fp32's accuracy but save too little of the projection's time.
 //
 // The exchange between steps (persistent.cuh), chosen by the binding per the plan: where a block owns one batch row
 // (batch <= 4 at hidden 512) the tagged h words, each polled until it carries the step's tag; above, the
