@@ -527,3 +527,38 @@ def test_outputs_sharing_memory_with_an_input_are_refused(device):
     buf = torch.empty(36, device=device)
     with pytest.raises(ValueError, match=r"out shares memory with x"):
         kgru.ext().input_projection(buf[:24].view(4, 6), torch.randn(9, 6, device=device), buf.view(4, 9), None)
+
+
+# ---- the 3xTF32 projection study (lab/studies/gru.py) -------------------------------------------------------------
+def test_split_tf32_is_exact_and_its_high_part_is_tf32():
+    from lab.studies.gru import split_tf32
+    g = torch.Generator().manual_seed(0)
+    a = torch.cat([torch.randn(4096, generator=g) * 10.0 ** torch.randint(-30, 30, (4096,), generator=g),
+                   torch.tensor([0.0, -0.0, 1.0, -3.0, 1e-40, -1e-42, 3.4e38, 1.0 + 2.0 ** -23])])
+    hi, lo = split_tf32(a)
+    assert torch.equal(hi + lo, a)                                   # nothing lost: the sum is a, exactly
+    assert not (hi.view(torch.int32) & 8191).any()                   # hi fits TF32's 10 mantissa bits
+    normal = a.abs() >= torch.finfo(torch.float32).tiny
+    assert (lo[normal].abs() < a[normal].abs() * 2.0 ** -10).all()  # lo is below hi's last bit
+    assert lo[a == 1.0 + 2.0 ** -23].item() == 2.0 ** -23
+
+
+@needs_gpu
+def test_3xtf32_products_recover_fp32_accuracy_that_one_tf32_gemm_loses():
+    # The study's claim on its own numbers: against a float64 product, one TF32 GEMM's error is ~2^-11-ish, the three
+    # TF32 GEMMs of the split (accumulated apart) are within a small factor of cuBLAS's fp32 GEMM, the K-tripled one
+    # GEMM sits between them.
+    from lab.studies.gru import split_tf32, _fp32, _tf32, _three
+    g = torch.Generator(device="cpu").manual_seed(1)
+    x = torch.randn(333, 256, generator=g).cuda()                   # (T*B, I)
+    w = (torch.randn(1536, 256, generator=g) / 16).cuda()           # W_ih: (3H, I)
+    ref = x.double() @ w.double().t()
+    err = lambda r: ((r.double() - ref).norm() / ref.norm()).item()
+    xh, xl = split_tf32(x)
+    wh, wl = split_tf32(w)
+    e32, e1 = err(_fp32(x, w)), err(_tf32(x, w))
+    e3 = err(_three(xh, xl, wh, wl))
+    ek = err(_tf32(torch.cat([xh, xh, xl], 1), torch.cat([wh, wl, wh], 1)))
+    assert e1 > 100 * e32, (e1, e32)         # TF32 alone: ~10 bits of mantissa
+    assert e3 < 8 * e32, (e3, e32)           # three products, accumulated apart: fp32-class
+    assert e3 <= ek < e1 / 10, (e3, ek, e1)  # one accumulator for all three: worse, still far better than TF32

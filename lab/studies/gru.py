@@ -29,17 +29,19 @@ from ..timing import time_fn
 
 def split_tf32(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a = hi + lo exactly, hi with TF32's 10 mantissa bits (the low 13 bits of the fp32 word cleared: truncation, so
-    |lo| < 2^-10 |a|), lo the fp32 remainder (which the TF32 GEMM rounds again: an error of ~2^-21 |a|)."""
+    |lo| < 2^-10 |a|), lo the fp32 remainder (which the TF32 GEMM rounds again: an error of ~2^-21 |a|). For finite
+    float32 values (an infinity's remainder is NaN)."""
     hi = (a.view(torch.int32) & -8192).view(torch.float32)
     return hi, a - hi
 
 
 def _mm(tf32: bool):
-    def f(a, b, out=None):
+    """a (M, K) @ b (N, K)^T on cuBLAS, TF32 allowed or not for this call only."""
+    def f(a, b):
         old = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
         try:
-            return torch.mm(a, b.t(), out=out)
+            return torch.mm(a, b.t())
         finally:
             torch.backends.cuda.matmul.allow_tf32 = old
     return f
@@ -49,6 +51,7 @@ _fp32, _tf32 = _mm(False), _mm(True)
 
 
 def _three(xh, xl, wh, wl):
+    """x_hi W_hi^T + x_hi W_lo^T + x_lo W_hi^T as three TF32 GEMMs into one output (beta = 1: the sums in fp32)."""
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
