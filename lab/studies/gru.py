@@ -13,11 +13,11 @@ Napkin math at batch 256 (M = 7680, N = 1536, K = 256): 6.0 GFLOP in fp32; 18.1 
 ~400 TFLOP/s TF32 rate on this GPU, against ~120 us for fp32 at its ~51 TFLOP/s.
 
 `proj_3xtf32_study` times, CUDA-graph replay with the L2 flushed, side by side in one run: the projection as v3/v4
-run it today (proj.cu's kernel up to 512 rows, cuBLAS fp32 above), the two 3xTF32 forms with their operands split
-beforehand (the split pass is left out: a lower bound on the design's time), one plain TF32 GEMM (the precision the
-design must not fall to), and the whole encoder (v4 and strict-fp32 cuDNN). It prints each form's error against a
-float64 product and the best ratio to cuDNN the design could give: v4's time with today's projection replaced by the
-fastest 3xTF32 form. `python -m lab.studies.gru` runs it (a GPU is needed).
+run it today (proj.cu's kernel up to 512 rows on Hopper, cuBLAS fp32 above), the two 3xTF32 forms with their
+operands split beforehand (the split pass is left out: a lower bound on the design's time), one plain TF32 GEMM (the
+precision the design must not fall to), and the whole encoder (v4 and strict-fp32 cuDNN). It prints each form's
+error against a float64 product and the best ratio to cuDNN the design could give: v4's time with today's projection
+replaced by the fastest 3xTF32 form. `python -m lab.studies.gru` runs it (a GPU is needed).
 """
 from __future__ import annotations
 
@@ -77,8 +77,11 @@ def proj_3xtf32_study(batches=(8, 64, 128, 256), seq: int = 30, inp: int = 256, 
         wh, wl = split_tf32(w)
         a3 = torch.cat([xh, xh, xl], 1)                    # (T*B, 3I)
         b3 = torch.cat([wh, wl, wh], 1)                    # (3H, 3I)
-        # today's route (cpp_src/gru/gru.cpp: own_proj): proj.cu's kernel up to 512 rows, cuBLAS's fp32 GEMM above
-        today = (lambda: kgru.input_projection(x2, w)) if x2.shape[0] <= 512 else (lambda: _fp32(x2, w))
+        # today's route (cpp_src/gru/gru.cpp: own_proj): proj.cu's kernel up to 128 rows, and up to 512 on Hopper
+        # (its bulk-copy kernel); cuBLAS's fp32 GEMM otherwise
+        M = x2.shape[0]
+        own = M <= 128 or (M <= 512 and torch.cuda.get_device_capability(dev)[0] == 9)
+        today = (lambda: kgru.input_projection(x2, w)) if own else (lambda: _fp32(x2, w))
         forms = {
             "proj today": today,
             "tf32 (1 GEMM)": lambda: _tf32(x2, w),
